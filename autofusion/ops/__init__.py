@@ -1,0 +1,13 @@
+"""The op registry: classes, signatures, inference, numpy references and cost formulas of ops."""
+
+from autofusion.ops.registry import (
+    InferContext,
+    OpClass,
+    OpDef,
+    OpRegistry,
+    ShapeError,
+    UnknownOpError,
+    default_registry,
+)
+
+__all__ = ["InferContext", "OpClass", "OpDef", "OpRegistry", "ShapeError", "UnknownOpError", "default_registry"]
