@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-class DType(str, enum.Enum):
+class DType(enum.StrEnum):
     """Element types the IR knows; values are numpy's names."""
 
     FLOAT32 = "float32"

@@ -19,7 +19,7 @@ from autofusion.ir.graph import FrozenMap, Node
 from autofusion.ir.types import DType, TensorType
 
 
-class OpClass(str, enum.Enum):
+class OpClass(enum.StrEnum):
     """What kind of loop nest an op is; fusion rules are written over these classes."""
 
     POINTWISE = "pointwise"  # one output element from the same-index elements of the inputs
