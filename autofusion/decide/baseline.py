@@ -1,0 +1,13 @@
+"""The unfused plan: every node its own kernel (what runs without fusion)."""
+
+from __future__ import annotations
+
+from autofusion.decide.groups import build_groups
+from autofusion.decide.plan import ZERO_COST, Plan
+from autofusion.ir.graph import Graph
+from autofusion.ops.registry import OpRegistry
+
+
+def unfused_plan(graph: Graph, registry: OpRegistry | None = None) -> Plan:
+    groups = build_groups(graph, [[n.name] for n in graph.nodes], registry=registry)
+    return Plan(graph, groups, ZERO_COST, ZERO_COST, strategy="unfused")

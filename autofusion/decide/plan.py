@@ -1,0 +1,155 @@
+"""The fusion plan: the decider's output and the code generator's input. Plain frozen data.
+
+A plan partitions the nodes of a graph (usually the graph after algebraic rewrites) into fused
+groups. Each group becomes one kernel rendered by one template; a tensor produced inside a group
+and used outside it (or a graph output) is materialised, every other intermediate stays in the
+kernel. Groups are listed in a topological order of the group graph.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autofusion.ir.graph import FrozenMap, Graph
+
+
+@dataclass(frozen=True)
+class RuleRef:
+    """Provenance: the rule that allowed a fusion, and where it is written."""
+
+    name: str
+    file: str = ""
+    line: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.file}:{self.line})" if self.file else self.name
+
+
+class UnfusedReason(enum.StrEnum):
+    """Why two adjacent nodes ended in different kernels."""
+
+    CYCLE = "would-form-cycle"
+    SIZE_CAP = "over-size-cap"
+    COST = "cost-says-no"
+    NO_RULE = "no-rule-covers"
+    GUARD = "guard-rejects"
+    NOFUSE = "no-fuse-scope"
+    TEMPLATE = "no-template-for-group"
+    MEMORY = "over-memory-bound"
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    """Modelled cost of a set of kernels; ``seconds`` is the model's total."""
+
+    seconds: float
+    bytes: int
+    flops: int
+    launches: int
+    model: str = "analytic"
+
+    def __add__(self, other: CostBreakdown) -> CostBreakdown:
+        return CostBreakdown(self.seconds + other.seconds, self.bytes + other.bytes, self.flops + other.flops,
+                             self.launches + other.launches, self.model)
+
+
+ZERO_COST = CostBreakdown(0.0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class FusedGroup:
+    """One kernel: graph nodes computed together.
+
+    ``nodes`` are node names in topological order; ``inputs`` the tensors it reads from memory
+    (graph inputs, constants, other groups' outputs); ``outputs`` the tensors it writes.
+    ``template`` names the kernel template that renders it; ``rules`` the rules that allowed it.
+    """
+
+    name: str
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    template: str
+    kind: str = "single"  # single | linear | branch | loop
+    rules: tuple[RuleRef, ...] = ()
+    params: FrozenMap[str, Any] = field(default_factory=FrozenMap)
+    cost: CostBreakdown = ZERO_COST
+
+    @property
+    def fused(self) -> bool:
+        return len(self.nodes) > 1
+
+
+@dataclass(frozen=True)
+class UnfusedPair:
+    producer: str  # node names
+    consumer: str
+    reason: UnfusedReason
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete fusion plan for ``graph``."""
+
+    graph: Graph
+    groups: tuple[FusedGroup, ...]
+    cost_before: CostBreakdown
+    cost_after: CostBreakdown
+    unfused: tuple[UnfusedPair, ...] = ()
+    strategy: str = ""
+    stats: FrozenMap[str, Any] = field(default_factory=FrozenMap)
+
+    @property
+    def kernels(self) -> int:
+        """Kernels launched: groups made only of view ops (Reshape...) cost none."""
+        return sum(1 for g in self.groups if g.template != "view")
+
+    def group_of(self) -> Mapping[str, FusedGroup]:
+        return {n: g for g in self.groups for n in g.nodes}
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (the graph itself is not serialised)."""
+
+        def cost(c: CostBreakdown) -> dict[str, Any]:
+            return asdict(c)
+
+        return {
+            "graph": self.graph.name,
+            "strategy": self.strategy,
+            "kernels": self.kernels,
+            "cost_before": cost(self.cost_before),
+            "cost_after": cost(self.cost_after),
+            "groups": [
+                {
+                    "name": g.name,
+                    "nodes": list(g.nodes),
+                    "ops": [self.graph.node_by_name[n].op for n in g.nodes],
+                    "inputs": list(g.inputs),
+                    "outputs": list(g.outputs),
+                    "template": g.template,
+                    "kind": g.kind,
+                    "rules": [asdict(r) for r in g.rules],
+                    "params": dict(g.params),
+                    "cost": cost(g.cost),
+                }
+                for g in self.groups
+            ],
+            "unfused": [
+                {"producer": u.producer, "consumer": u.consumer, "reason": str(u.reason), "detail": u.detail}
+                for u in self.unfused
+            ],
+            "stats": {k: v for k, v in self.stats.items() if _jsonable(v)},
+        }
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except TypeError:
+        return False
