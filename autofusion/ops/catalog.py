@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from autofusion.ops import opaque, pointwise, reduction, reorganize
+from autofusion.ops import broadcast, indexing, opaque, pointwise, reduction, reorganize
 from autofusion.ops.registry import OpDef
 
 
 def all_ops() -> list[OpDef]:
-    return [*pointwise.ops(), *reduction.ops(), *reorganize.ops(), *opaque.ops()]
+    """Every built-in op: pointwise, broadcast, reduction, reorganize (incl. indexing) and opaque."""
+    return [*pointwise.ops(), *broadcast.ops(), *reduction.ops(), *reorganize.ops(), *indexing.ops(),
+            *opaque.ops()]

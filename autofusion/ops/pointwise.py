@@ -212,6 +212,29 @@ def _logical(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], name: str) -> O
     return binary(name, fn, result_dtype=DType.BOOL)
 
 
+def _mod_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
+    x, y = xs[0], xs[1]
+    assert x is not None and y is not None
+    out = np.fmod(x, y) if a.get("fmod", 0) else np.mod(x, y)
+    return (np.asarray(out).astype(x.dtype, copy=False),)
+
+
+def _is_inf(x: np.ndarray, detect_negative: int, detect_positive: int) -> np.ndarray:
+    return (np.isneginf(x) & bool(detect_negative)) | (np.isposinf(x) & bool(detect_positive))
+
+
+def _bool_unary(name: str, fn: Callable[..., np.ndarray], attrs: Mapping[str, Any] | None = None) -> OpDef:
+    def infer(ctx: InferContext) -> tuple[TensorType, ...]:
+        return (ctx.type(0).with_dtype(DType.BOOL),)
+
+    def reference(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
+        x = xs[0]
+        assert x is not None
+        return (np.asarray(fn(x, **{k: a.get(k, d) for k, d in (attrs or {}).items()}), dtype=bool),)
+
+    return OpDef(name, OpClass.POINTWISE, ("X",), infer, reference, attrs=dict(attrs or {}))
+
+
 def _not_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
     x = xs[0]
     assert x is not None
@@ -226,7 +249,8 @@ def ops() -> list[OpDef]:
         binary("Mul", np.multiply),
         binary("Div", _int_div),
         binary("Pow", _pow, flops=8),
-        binary("Mod", np.fmod),
+        OpDef("Mod", OpClass.POINTWISE, ("A", "B"), _broadcast_infer(), _mod_ref, attrs={"fmod": 0},
+              doc="Remainder: sign of the divisor (fmod=0, integers) or of the dividend (fmod=1)."),
         variadic("Sum", np.add),
         variadic("Max", np.maximum),
         variadic("Min", np.minimum),
@@ -255,6 +279,23 @@ def ops() -> list[OpDef]:
         unary("Sigmoid", _sigmoid, flops=10),
         unary("Erf", _erf, flops=12),
         unary("Sin", np.sin, flops=8),
+        unary("Tan", np.tan, flops=10),
+        unary("Asin", np.arcsin, flops=10),
+        unary("Acos", np.arccos, flops=10),
+        unary("Atan", np.arctan, flops=10),
+        unary("Sinh", np.sinh, flops=10),
+        unary("Cosh", np.cosh, flops=10),
+        unary("Asinh", np.arcsinh, flops=12),
+        unary("Acosh", np.arccosh, flops=12),
+        unary("Atanh", np.arctanh, flops=12),
+        unary("Softsign", lambda x: x / (1 + np.abs(x)), flops=3),
+        unary("HardSwish", lambda x: x * np.clip(x / 6 + 0.5, 0, 1), flops=4),
+        unary("Mish", lambda x: x * np.tanh(np.logaddexp(0, x)), flops=20),
+        unary("ThresholdedRelu", lambda x, alpha: np.where(x > alpha, x, 0), attrs={"alpha": 1.0}),
+        unary("Celu", lambda x, alpha: np.maximum(x, 0) + np.minimum(0, alpha * (np.exp(x / alpha) - 1)),
+              flops=8, attrs={"alpha": 1.0}),
+        _bool_unary("IsNaN", np.isnan),
+        _bool_unary("IsInf", _is_inf, {"detect_negative": 1, "detect_positive": 1}),
         unary("Cos", np.cos, flops=8),
         unary("Softplus", _softplus, flops=10),
         unary("Gelu", _gelu, flops=16, attrs={"approximate": "none"}),
