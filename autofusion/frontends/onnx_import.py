@@ -1,0 +1,340 @@
+"""Import an ONNX model as a statically shaped, verified :class:`~autofusion.ir.Graph`.
+
+>>> from autofusion.frontends import load_onnx
+>>> graph = load_onnx("tests/data/models/resnet_tiny_script.onnx")  # doctest: +SKIP
+
+On the way in: old opsets are upgraded, ``Constant`` nodes and initializers become IR constants,
+``Identity`` nodes disappear, every node whose inputs are all constant is evaluated (so exporters'
+shape arithmetic becomes constants), nodes that no output needs are dropped, and symbolic dims are
+bound from ``dims``. Every problem is reported as :class:`OnnxImportError`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+from autofusion.frontends.onnx_proto import (
+    DEFAULT_DOMAINS,
+    ModelSource,
+    OnnxImportError,
+    attribute_value,
+    constant_node_value,
+    input_type,
+    load_model,
+    tensor_value,
+    upgrade_opset,
+)
+from autofusion.ir.graph import Const, FrozenMap, Graph, Node, freeze_attrs
+from autofusion.ir.infer import infer_node
+from autofusion.ir.types import TensorType
+from autofusion.ir.verify import VerifyError, verify
+from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError, default_registry
+
+__all__ = ["OnnxImportError", "load_onnx"]
+
+
+@dataclass(frozen=True)
+class _OnnxNode:
+    """One ONNX node as plain data: its position, op, tensor names and converted attributes."""
+
+    index: int
+    name: str
+    op: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"node {self.name!r} ({self.op})" if self.name else f"node #{self.index} ({self.op})"
+
+
+def load_onnx(
+    source: ModelSource,
+    dims: Mapping[str, int] | None = None,
+    registry: OpRegistry | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+) -> Graph:
+    """Import an ONNX model (file path, bytes or ``onnx.ModelProto``) as a verified IR graph.
+
+    ``dims`` binds symbolic dimensions by name (``{"batch": 1, "seq": 128}``); a dimension without a
+    name is bound as ``"INPUT[AXIS]"``. ``base_dir`` locates external data for bytes or protos.
+    """
+    registry = registry or default_registry()
+    model, where = load_model(source, base_dir)
+    model = upgrade_opset(model, where)
+    try:
+        return _import_graph(model.graph, dict(dims or {}), registry, where)
+    except OnnxImportError:
+        raise
+    except (ShapeError, UnknownOpError, VerifyError) as e:
+        raise OnnxImportError(f"{where}: {e}") from None
+
+
+def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegistry, where: str) -> Graph:
+    initializers = {t.name: t for t in graph.initializer}
+    input_names = [v.name for v in graph.input if v.name not in initializers]
+    output_names = [v.name for v in graph.output]
+    if len(set(output_names)) != len(output_names):
+        raise OnnxImportError(f"{where}: graph outputs repeat a name: {output_names}")
+    nodes = _live_nodes([_read_node(i, n) for i, n in enumerate(graph.node)], output_names)
+    _check_supported(nodes, registry)
+    defined = set(input_names) | set(initializers)
+    ordered = _topological(nodes, defined, output_names)
+    types = _input_types(graph, input_names, dims)
+    consts = {name: Const(tensor_value(t, f"initializer {name!r}")) for name, t in initializers.items()}
+    return _Importer(registry, types, consts).run(graph.name or "model", input_names, ordered, output_names)
+
+
+def _read_node(index: int, proto: onnx.NodeProto) -> _OnnxNode:
+    where = f"node {proto.name!r} ({proto.op_type})" if proto.name else f"node #{index} ({proto.op_type})"
+    attrs = {a.name: attribute_value(a, where) for a in proto.attribute
+             if a.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)}
+    outputs = list(proto.output)
+    while outputs and not outputs[-1]:
+        outputs.pop()  # trailing empty names: optional outputs the model does not want
+    return _OnnxNode(index, proto.name, proto.op_type, proto.domain, tuple(proto.input), tuple(outputs), attrs)
+
+
+def _live_nodes(nodes: list[_OnnxNode], outputs: Sequence[str]) -> list[_OnnxNode]:
+    """The nodes some graph output depends on, in model order."""
+    producer = {o: n for n in nodes for o in n.outputs if o}
+    live: set[int] = set()
+    stack = [producer[o] for o in outputs if o in producer]
+    while stack:
+        node = stack.pop()
+        if node.index in live:
+            continue
+        live.add(node.index)
+        stack.extend(producer[i] for i in node.inputs if i in producer)
+    return [n for n in nodes if n.index in live]
+
+
+def _check_supported(nodes: list[_OnnxNode], registry: OpRegistry) -> None:
+    missing: Counter[str] = Counter()
+    for n in nodes:
+        if n.domain not in DEFAULT_DOMAINS:
+            missing[f"{n.domain}.{n.op}"] += 1
+        elif n.op not in registry and n.op != "Constant":
+            missing[n.op] += 1
+    if missing:
+        listed = ", ".join(f"{op} (x{count})" for op, count in sorted(missing.items()))
+        raise OnnxImportError(f"unsupported ops: {listed}; autofusion supports {len(registry)} ai.onnx ops "
+                              "(see `autofusion.ops.default_registry().names`)")
+    for n in nodes:
+        if n.op == "Constant":
+            continue
+        known = registry[n.op].attrs
+        unknown = sorted(set(n.attrs) - set(known))
+        if unknown:
+            raise OnnxImportError(f"{n.label}: unknown attribute(s) {unknown} (known: {sorted(known)})")
+
+
+def _topological(nodes: list[_OnnxNode], defined: set[str], outputs: Sequence[str]) -> list[_OnnxNode]:
+    """Nodes in dependency order; dangling inputs, double definitions and cycles are errors."""
+    producer: dict[str, _OnnxNode] = {}
+    for n in nodes:
+        for o in n.outputs:
+            if not o:
+                continue
+            if o in producer or o in defined:
+                raise OnnxImportError(f"tensor {o!r} is defined twice ({n.label} and an earlier definition)")
+            producer[o] = n
+    for n in nodes:
+        for i in n.inputs:
+            if i and i not in producer and i not in defined:
+                raise OnnxImportError(f"{n.label} reads {i!r}, which no node, graph input or initializer defines")
+    for o in outputs:
+        if o not in producer and o not in defined:
+            raise OnnxImportError(f"graph output {o!r} is not defined by any node, input or initializer")
+    waiting = {n.index: {producer[i].index for i in n.inputs if i in producer} for n in nodes}
+    by_index = {n.index: n for n in nodes}
+    users: dict[int, list[int]] = {}
+    for idx, deps in waiting.items():
+        for d in deps:
+            users.setdefault(d, []).append(idx)
+    ready = sorted(i for i, deps in waiting.items() if not deps)
+    order: list[_OnnxNode] = []
+    while ready:
+        idx = ready.pop(0)
+        order.append(by_index[idx])
+        for u in users.get(idx, []):
+            waiting[u].discard(idx)
+            if not waiting[u]:
+                ready.append(u)
+        ready.sort()
+    if len(order) != len(nodes):
+        stuck = {i for i, deps in waiting.items() if deps}
+        raise OnnxImportError(f"the graph has a cycle: {_cycle(stuck, waiting, by_index)}")
+    return order
+
+
+def _cycle(stuck: set[int], waiting: Mapping[int, set[int]], nodes: Mapping[int, _OnnxNode]) -> str:
+    """One cycle among the stuck nodes, as 'a -> b -> a'."""
+    path: list[int] = []
+    at = min(stuck)
+    while at not in path:
+        path.append(at)
+        at = min(d for d in waiting[at] if d in stuck)
+    loop = path[path.index(at):] + [at]
+    return " -> ".join(nodes[i].label for i in reversed(loop))
+
+
+def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str, int]) -> dict[str, TensorType]:
+    by_name = {v.name: v for v in graph.input}
+    types: dict[str, TensorType] = {}
+    unbound: dict[str, list[str]] = {}
+    for name in names:
+        t, missing = input_type(by_name[name], dims)
+        for sym in missing:
+            unbound.setdefault(sym, []).append(name)
+        if t is not None:
+            types[name] = t
+    if unbound:
+        listed = ", ".join(f"{sym!r} (in {', '.join(map(repr, users))})" for sym, users in unbound.items())
+        example = ", ".join(f'"{sym}": N' for sym in unbound)
+        raise OnnxImportError(f"unbound symbolic dimension(s) {listed}: autofusion needs static shapes; "
+                              f"bind them with dims={{{example}}}")
+    return types
+
+
+class _Importer:
+    """Walks the ordered nodes once: folds constants, drops Identity, infers every type."""
+
+    def __init__(self, registry: OpRegistry, types: dict[str, TensorType], consts: dict[str, Const]) -> None:
+        self.registry = registry
+        self.types = types
+        self.consts = consts
+        for name, c in consts.items():
+            self.types[name] = c.type
+        self.alias: dict[str, str] = {}
+        self.nodes: list[Node] = []
+        self.node_names: set[str] = set()
+
+    def resolve(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def run(self, name: str, inputs: list[str], order: list[_OnnxNode], outputs: list[str]) -> Graph:
+        for n in order:
+            self.add(n)
+        self.bind_outputs(outputs)
+        nodes = _prune(self.nodes, outputs)
+        used = {i for n in nodes for i in n.inputs} | set(outputs)
+        consts = {k: v for k, v in self.consts.items() if k in used}
+        produced = {o for n in nodes for o in n.outputs}
+        types = {k: t for k, t in self.types.items() if k in produced or k in consts or k in inputs}
+        graph = Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), FrozenMap(types), FrozenMap(consts))
+        return verify(graph, self.registry)
+
+    def add(self, n: _OnnxNode) -> None:
+        inputs = tuple(self.resolve(i) if i else "" for i in n.inputs)
+        if n.op == "Constant":
+            self.set_const(n.outputs[0], constant_node_value(n.attrs, n.label), n)
+            return
+        if n.op == "Identity":
+            self.alias[n.outputs[0]] = inputs[0]
+            return
+        attrs = dict(n.attrs)
+        if n.op == "Split" and (len(inputs) < 2 or not inputs[1]) and "split" not in attrs:
+            attrs.setdefault("num_outputs", len(n.outputs))  # the IR carries the part count on the node
+        if all(i in self.consts for i in inputs if i) or n.op in ("Shape", "Size"):
+            self.fold(n, inputs, attrs)  # static shapes: Shape and Size are known at import time
+            return
+        node = Node(n.op, inputs, n.outputs, self.freeze(n, attrs), self.unique_name(n))
+        try:
+            out_types = infer_node(node, self.types, self.consts, self.registry)
+        except ShapeError as e:
+            raise OnnxImportError(f"{n.label}: {e}") from None
+        for o, t in zip(n.outputs, out_types):
+            if o:
+                self.types[o] = t
+        self.nodes.append(node)
+
+    def fold(self, n: _OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> None:
+        opdef = self.registry[n.op]
+        args: list[np.ndarray | None] = []
+        for i in inputs:
+            if not i:
+                args.append(None)
+            elif i in self.consts:
+                args.append(self.consts[i].array)
+            else:  # Shape/Size of a non-constant tensor: only its type matters (a zero-stride stand-in)
+                t = self.types[i]
+                args.append(np.broadcast_to(np.zeros((), t.dtype.numpy), t.shape))
+        try:
+            with np.errstate(all="ignore"):
+                values = opdef.reference(args, attrs)
+        except (ShapeError, ValueError, IndexError, TypeError, KeyError, AssertionError) as e:
+            raise OnnxImportError(f"{n.label}: evaluating it on constant inputs failed: {e}") from None
+        for o, v in zip(n.outputs, values):
+            if o:
+                self.set_const(o, np.asarray(v), n)
+
+    def set_const(self, name: str, value: np.ndarray, n: _OnnxNode) -> None:
+        try:
+            c = Const(value)
+            t = c.type
+        except ValueError as e:
+            raise OnnxImportError(f"{n.label}: constant {name!r}: {e}") from None
+        self.consts[name] = c
+        self.types[name] = t
+
+    def freeze(self, n: _OnnxNode, attrs: Mapping[str, Any]) -> Any:
+        for k, v in attrs.items():
+            if isinstance(v, np.ndarray):
+                raise OnnxImportError(f"{n.label}: tensor attribute {k!r} on a node that does not fold to a "
+                                      "constant is not supported")
+        return freeze_attrs(attrs)
+
+    def unique_name(self, n: _OnnxNode) -> str:
+        base = n.name or f"{n.op.lower()}_{n.index}"
+        name, k = base, 1
+        while name in self.node_names:
+            k += 1
+            name = f"{base}_{k}"
+        self.node_names.add(name)
+        return name
+
+    def bind_outputs(self, outputs: list[str]) -> None:
+        """Keep graph output names exact when an Identity (now removed) produced them."""
+        renames: dict[str, str] = {}
+        producers = {o for n in self.nodes for o in n.outputs}
+        protected = set(outputs)
+        for o in outputs:
+            src = self.resolve(o)
+            if src == o:
+                continue
+            if src in self.consts:
+                self.consts[o] = self.consts[src]
+                self.types[o] = self.types[src]
+            elif src in producers and src not in protected and src not in renames:
+                renames[src] = o  # the producer writes the output name directly
+                self.types[o] = self.types[src]
+            else:  # a graph input or another output: keep one copy
+                self.nodes.append(Node("Identity", (renames.get(src, src),), (o,), freeze_attrs({}),
+                                       self.unique_name(_OnnxNode(-1, f"identity_{o}", "Identity", "", (), (), {}))))
+                self.types[o] = self.types[src]
+        if renames:
+            self.nodes = [n.replace(inputs=tuple(renames.get(i, i) for i in n.inputs),
+                                    outputs=tuple(renames.get(o, o) for o in n.outputs)) for n in self.nodes]
+
+
+def _prune(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:
+    """Drop nodes that no output needs (their inputs may have folded to constants)."""
+    needed = set(outputs)
+    keep: list[Node] = []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.outputs):
+            keep.append(n)
+            needed.update(i for i in n.inputs if i)
+    return keep[::-1]
