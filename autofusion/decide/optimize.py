@@ -1,0 +1,250 @@
+"""The decider's driver: split the fusion space into regions, solve each (structurally identical
+regions once), check the whole plan, and explain every adjacent pair left unfused."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autofusion.decide.cost import AnalyticCostModel, CostModel
+from autofusion.decide.groups import build_groups
+from autofusion.decide.legality import DEFAULT_SIZE_CAP, GroupChecker
+from autofusion.decide.partition import Partition
+from autofusion.decide.plan import CostBreakdown, Plan, UnfusedPair, UnfusedReason
+from autofusion.decide.space import FusionSpace
+from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
+from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.ops.registry import OpRegistry, default_registry
+
+
+@dataclass(frozen=True)
+class DecideOptions:
+    strategy: str = "greedy"
+    size_cap: int = DEFAULT_SIZE_CAP
+    reuse_regions: bool = True
+
+
+def regions_of(space: FusionSpace) -> list[tuple[str, ...]]:
+    """Connected components of the allowed-merge graph, each in topological order."""
+    index = {n.name: i for i, n in enumerate(space.graph.nodes)}
+    adj = space.neighbours()
+    seen: set[str] = set()
+    out = []
+    for n in space.graph.nodes:
+        if n.name in seen or n.name not in adj:
+            continue
+        comp, stack = [], [n.name]
+        seen.add(n.name)
+        while stack:
+            m = stack.pop()
+            comp.append(m)
+            for k in adj.get(m, ()):
+                if k not in seen:
+                    seen.add(k)
+                    stack.append(k)
+        out.append(tuple(sorted(comp, key=index.__getitem__)))
+    return out
+
+
+def region_signature(space: FusionSpace, nodes: Sequence[str]) -> tuple:  # type: ignore[type-arg]
+    """Structure of a region without weights' values: equal signatures, same best partition."""
+    g = space.graph
+    pos = {n: i for i, n in enumerate(nodes)}
+    sig = []
+    for n in nodes:
+        node = g.node_by_name[n]
+        ins = []
+        for t in node.inputs:
+            p = g.producers.get(t)
+            if p is not None and p.name in pos:
+                ins.append(("r", pos[p.name], p.outputs.index(t)))
+            else:
+                ins.append(("x", g.types[t] if t else None, g.is_const(t) if t else False))
+        outs = []
+        for o in node.outputs:
+            users = g.consumers.get(o, ())
+            outs.append((g.types.get(o), o in g.outputs, sum(1 for c in users if c.name not in pos)))
+        sig.append((node.op, node.attrs, tuple(ins), tuple(outs)))
+    perms = []
+    for (a, b), ps in list(space.edges.items()) + [(k, v) for k, v in space.siblings.items()]:
+        if a in pos and b in pos:
+            perms.append((pos[a], pos[b], tuple(p.rule.name for p in ps)))
+    return (tuple(sig), tuple(sorted(perms)))
+
+
+def decide(
+    space: FusionSpace,
+    cost_model: CostModel | None = None,
+    strategy: str | Strategy = "greedy",
+    size_cap: int = DEFAULT_SIZE_CAP,
+    registry: OpRegistry | None = None,
+    reuse_regions: bool = True,
+) -> Plan:
+    """Choose a fusion plan within ``space`` under ``cost_model``."""
+    registry = registry or default_registry()
+    graph = space.graph
+    model = cost_model or AnalyticCostModel(registry=registry)
+    solver = get_strategy(strategy) if isinstance(strategy, str) else strategy
+    checker = GroupChecker(space, registry, size_cap)
+    cost_cache: dict[frozenset[str], CostBreakdown] = {}
+
+    def cost_of(nodes: frozenset[str]) -> CostBreakdown:
+        c = cost_cache.get(nodes)
+        if c is None:
+            c = model.group_cost(graph, sorted(nodes))
+            cost_cache[nodes] = c
+        return c
+
+    def seconds(nodes: frozenset[str]) -> float:
+        return cost_of(nodes).seconds
+
+    started = time.perf_counter()
+    partition = Partition(graph)
+    solved: dict[tuple, list[list[int]]] = {}  # type: ignore[type-arg]
+    notes: list[str] = []
+    reused = 0
+    regions = regions_of(space)
+    pairs_by_region = _pairs_by_region(space, regions)
+    for nodes, pairs in zip(regions, pairs_by_region):
+        sig = region_signature(space, nodes) if reuse_regions else None
+        known = solved.get(sig) if sig is not None else None
+        if known is not None and _apply(partition, nodes, known):
+            reused += 1
+            continue
+        region = Region(nodes, pairs, checker, seconds)
+        groups = solver.solve(region, partition)
+        notes.extend(region.notes)
+        pos = {n: i for i, n in enumerate(nodes)}
+        layout = [sorted(pos[n] for n in g) for g in groups]  # topological order keeps each step convex
+        if not _apply(partition, nodes, layout):
+            notes.append(f"region at {nodes[0]}: solution formed a cycle with earlier regions; left unfused")
+            continue
+        if sig is not None:
+            solved[sig] = layout
+    _apply_loops(space, checker, partition, seconds, notes)
+    groups = build_groups(
+        graph,
+        [sorted(g) for g in partition.groups()],
+        template_of=lambda ns: checker.check(ns).template,
+        rules_of=checker.rules_of,
+        cost_of=lambda ns: cost_of(frozenset(ns)),
+        kind_of=lambda ns: _kind(space, checker, ns),
+        registry=registry,
+    )
+    before = _total(cost_of(frozenset([n.name])) for n in graph.nodes)
+    after = _total(g.cost for g in groups)
+    unfused = explain_unfused(space, checker, partition, seconds)
+    stats = {
+        "regions": len(regions),
+        "regions_reused": reused,
+        "decide_seconds": time.perf_counter() - started,
+        "cost_model": getattr(model, "name", type(model).__name__),
+        "notes": notes,
+    }
+    return Plan(graph, groups, before, after, unfused, getattr(solver, "name", str(strategy)), FrozenMap(stats))
+
+
+def _pairs_by_region(space: FusionSpace, regions: list[tuple[str, ...]]) -> list[tuple[tuple[str, str], ...]]:
+    where = {n: i for i, r in enumerate(regions) for n in r}
+    buckets: list[list[tuple[str, str]]] = [[] for _ in regions]
+    for a, b in list(space.edges) + list(space.siblings):
+        if a in where and where[a] == where.get(b):
+            buckets[where[a]].append((a, b))
+    return [tuple(b) for b in buckets]
+
+
+def _apply(partition: Partition, nodes: Sequence[str], layout: list[list[int]]) -> bool:
+    """Merge the groups of ``layout`` (positions in ``nodes``) if the plan stays acyclic."""
+    trial = partition.copy()
+    for g in layout:
+        for i in g[1:]:
+            if not trial.can_merge(nodes[g[0]], nodes[i]):
+                return False
+            trial.merge(nodes[g[0]], nodes[i])
+    for g in layout:
+        for i in g[1:]:
+            partition.merge(nodes[g[0]], nodes[i])
+    return True
+
+
+def _apply_loops(space: FusionSpace, checker: GroupChecker, partition: Partition, seconds, notes: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """A loop kernel replaces the groups of its steps when the model says it is cheaper."""
+    for loop in space.loops:
+        nodes = loop.nodes
+        current = {partition.members(n) for n in nodes}
+        if any(not g <= nodes for g in current):
+            notes.append(f"loop {loop.rule.name}: steps share kernels with nodes outside the loop; not fused")
+            continue
+        if seconds(nodes) >= sum(seconds(g) for g in current) - EPS:
+            continue
+        ordered = sorted(nodes, key=partition.index.__getitem__)
+        _apply(partition, ordered, [list(range(len(ordered)))])
+
+
+def _kind(space: FusionSpace, checker: GroupChecker, nodes: Sequence[str]) -> str:
+    if len(nodes) == 1:
+        return "single"
+    members = frozenset(nodes)
+    if any(loop.nodes == members for loop in space.loops):
+        return "loop"
+    if checker.check(members).template == "horizontal_gemm":
+        return "branch"
+    g = space.graph
+    outside_users = 0
+    for n in nodes:
+        for o in g.node_by_name[n].outputs:
+            if o in g.outputs or any(c.name not in members for c in g.consumers.get(o, ())):
+                outside_users += 1
+    return "branch" if outside_users > 1 else "linear"
+
+
+def _total(costs) -> CostBreakdown:  # type: ignore[no-untyped-def]
+    out = CostBreakdown(0.0, 0, 0, 0)
+    model = "analytic"
+    for c in costs:
+        out = out + c
+        model = c.model
+    return CostBreakdown(out.seconds, out.bytes, out.flops, out.launches, model)
+
+
+def explain_unfused(space: FusionSpace, checker: GroupChecker, partition: Partition, seconds) -> tuple[UnfusedPair, ...]:  # type: ignore[no-untyped-def]
+    """For every data edge between two kernels, the reason they stayed apart."""
+    g = space.graph
+    out = []
+    for node in g.nodes:
+        for o in node.outputs:
+            for c in g.consumers.get(o, ()):
+                a, b = node.name, c.name
+                ga, gb = partition.members(a), partition.members(b)
+                if ga == gb or checker.is_view(a) and len(ga) == 1 and checker.check(ga).template == "view":
+                    continue
+                out.append(UnfusedPair(a, b, *_reason(space, checker, partition, seconds, a, b, ga, gb)))
+    return tuple(dict.fromkeys(out))
+
+
+def _reason(space, checker, partition, seconds, a, b, ga, gb) -> tuple[UnfusedReason, str]:  # type: ignore[no-untyped-def]
+    blocked = space.blocked.get((a, b))
+    if (a, b) not in space.edges:
+        if blocked is not None:
+            return blocked.reason, blocked.detail
+        if a in space.nofuse or b in space.nofuse:
+            return UnfusedReason.NOFUSE, ""
+        return UnfusedReason.NO_RULE, f"{g_op(space, a)} -> {g_op(space, b)}"
+    verdict = checker.check(ga | gb)
+    if not verdict.ok:
+        return verdict.reason or UnfusedReason.TEMPLATE, verdict.detail
+    if not partition.can_merge(a, b):
+        return UnfusedReason.CYCLE, ""
+    delta = seconds(ga | gb) - seconds(ga) - seconds(gb)
+    return UnfusedReason.COST, f"merging changes modelled time by {delta * 1e6:+.2f} us"
+
+
+def g_op(space: FusionSpace, name: str) -> str:
+    return space.graph.node_by_name[name].op
+
+
+def graph_kernels(graph: Graph, registry: OpRegistry | None = None) -> int:
+    """Kernels of the unfused graph: every node but pure views."""
+    registry = registry or default_registry()
+    return sum(1 for n in graph.nodes if not registry[n.op].view)
