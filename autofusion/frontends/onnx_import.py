@@ -26,6 +26,7 @@ from autofusion.frontends.onnx_proto import (
     OnnxImportError,
     attribute_value,
     constant_node_value,
+    default_opset,
     input_type,
     load_model,
     tensor_value,
@@ -62,36 +63,67 @@ def load_onnx(
     dims: Mapping[str, int] | None = None,
     registry: OpRegistry | None = None,
     base_dir: str | os.PathLike[str] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> Graph:
     """Import an ONNX model (file path, bytes or ``onnx.ModelProto``) as a verified IR graph.
 
     ``dims`` binds symbolic dimensions by name (``{"batch": 1, "seq": 128}``); a dimension without a
-    name is bound as ``"INPUT[AXIS]"``. ``base_dir`` locates external data for bytes or protos.
+    name is bound as ``"INPUT[AXIS]"``. ``values`` fixes graph inputs to constant arrays (needed when
+    a shape depends on an input's value, e.g. Expand's target shape fed as an input); they are no
+    longer graph inputs. ``base_dir`` locates external data for bytes or protos.
     """
     registry = registry or default_registry()
     model, where = load_model(source, base_dir)
+    opset = default_opset(model)
     model = upgrade_opset(model, where)
     try:
-        return _import_graph(model.graph, dict(dims or {}), registry, where)
+        return _import_graph(model.graph, dict(dims or {}), registry, where, dict(values or {}), opset)
     except OnnxImportError:
         raise
     except (ShapeError, UnknownOpError, VerifyError) as e:
         raise OnnxImportError(f"{where}: {e}") from None
 
 
-def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegistry, where: str) -> Graph:
+def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegistry, where: str,
+                  values: dict[str, Any], opset: int) -> Graph:
     initializers = {t.name: t for t in graph.initializer}
-    input_names = [v.name for v in graph.input if v.name not in initializers]
+    declared = [v.name for v in graph.input if v.name not in initializers]
+    unknown = sorted(set(values) - set(declared))
+    if unknown:
+        raise OnnxImportError(f"values given for {unknown}, which are not graph inputs (inputs: {declared})")
+    input_names = [n for n in declared if n not in values]
     output_names = [v.name for v in graph.output]
     if len(set(output_names)) != len(output_names):
         raise OnnxImportError(f"{where}: graph outputs repeat a name: {output_names}")
     nodes = _live_nodes([_read_node(i, n) for i, n in enumerate(graph.node)], output_names)
     _check_supported(nodes, registry)
-    defined = set(input_names) | set(initializers)
+    defined = set(declared) | set(initializers)
     ordered = _topological(nodes, defined, output_names)
     types = _input_types(graph, input_names, dims)
     consts = {name: Const(tensor_value(t, f"initializer {name!r}")) for name, t in initializers.items()}
-    return _Importer(registry, types, consts).run(graph.name or "model", input_names, ordered, output_names)
+    consts.update(_fixed_inputs(graph, values))
+    importer = _Importer(registry, types, consts, opset)
+    return importer.run(graph.name or "model", input_names, ordered, output_names)
+
+
+def _fixed_inputs(graph: onnx.GraphProto, values: Mapping[str, Any]) -> dict[str, Const]:
+    """Graph inputs fixed by the caller, checked against the declared element type and shape."""
+    by_name = {v.name: v for v in graph.input}
+    out: dict[str, Const] = {}
+    for name, value in values.items():
+        arr = np.asarray(value)
+        declared, _ = input_type(by_name[name], _AnyDims())
+        if declared is not None and (arr.dtype != declared.dtype.numpy or arr.ndim != declared.rank):
+            raise OnnxImportError(f"values[{name!r}] is {arr.dtype}{list(arr.shape)}, the model declares {declared}")
+        out[name] = Const(arr) if declared is None else Const(arr.astype(declared.dtype.numpy))
+    return out
+
+
+class _AnyDims(dict):  # type: ignore[type-arg]
+    """Binds every symbolic dim to 1: only element type and rank of a declared input are compared."""
+
+    def get(self, key: Any, default: Any = None) -> int:
+        return 1
 
 
 def _read_node(index: int, proto: onnx.NodeProto) -> _OnnxNode:
@@ -209,8 +241,10 @@ def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str
 class _Importer:
     """Walks the ordered nodes once: folds constants, drops Identity, infers every type."""
 
-    def __init__(self, registry: OpRegistry, types: dict[str, TensorType], consts: dict[str, Const]) -> None:
+    def __init__(self, registry: OpRegistry, types: dict[str, TensorType], consts: dict[str, Const],
+                 opset: int) -> None:
         self.registry = registry
+        self.opset = opset
         self.types = types
         self.consts = consts
         for name, c in consts.items():
@@ -245,6 +279,7 @@ class _Importer:
             self.alias[n.outputs[0]] = inputs[0]
             return
         attrs = dict(n.attrs)
+        inputs = self.legacy_fixes(n, inputs)
         if n.op == "Split" and (len(inputs) < 2 or not inputs[1]) and "split" not in attrs:
             attrs.setdefault("num_outputs", len(n.outputs))  # the IR carries the part count on the node
         if all(i in self.consts for i in inputs if i) or n.op in ("Shape", "Size"):
@@ -254,11 +289,41 @@ class _Importer:
         try:
             out_types = infer_node(node, self.types, self.consts, self.registry)
         except ShapeError as e:
-            raise OnnxImportError(f"{n.label}: {e}") from None
+            raise OnnxImportError(f"{e}{self.value_hint(node, str(e))}") from None
         for o, t in zip(n.outputs, out_types):
             if o:
                 self.types[o] = t
         self.nodes.append(node)
+
+    def legacy_fixes(self, n: _OnnxNode, inputs: tuple[str, ...]) -> tuple[str, ...]:
+        """Semantics the opset converter does not carry over from very old models."""
+        if n.op == "PRelu" and self.opset < 7 and inputs[1] in self.consts and inputs[0] in self.types:
+            slope, x = self.consts[inputs[1]].array, self.types[inputs[0]]
+            if slope.ndim == 1 and x.rank > 2 and slope.size == x.shape[1]:
+                name = f"{inputs[1]}__per_channel"  # opset 6 PRelu: a 1-D slope is per channel
+                self.set_const(name, slope.reshape((-1,) + (1,) * (x.rank - 2)), n)
+                return (inputs[0], name)
+        return inputs
+
+    def value_hint(self, node: Node, message: str) -> str:
+        """When a shape needs a value that comes from graph inputs, say which to fix."""
+        if "must be a constant" not in message:
+            return ""
+        producer = {o: n for n in self.nodes for o in n.outputs}
+        sources: set[str] = set()
+        wanted = self.registry[node.op].const_inputs
+        stack = [i for k, i in enumerate(node.inputs) if k in wanted and i and i not in self.consts]
+        while stack:
+            t = stack.pop()
+            if t in producer:
+                stack.extend(i for i in producer[t].inputs if i and i not in self.consts)
+            else:
+                sources.add(t)
+        if not sources:
+            return ""
+        names = ", ".join(f"{s!r}: ..." for s in sorted(sources))
+        return (f"; the value depends on graph input(s) {sorted(sources)}, and static shapes need it known: "
+                f"fix them with values={{{names}}}")
 
     def fold(self, n: _OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> None:
         opdef = self.registry[n.op]
