@@ -95,9 +95,11 @@ def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegi
     output_names = [v.name for v in graph.output]
     if len(set(output_names)) != len(output_names):
         raise OnnxImportError(f"{where}: graph outputs repeat a name: {output_names}")
-    nodes = _live_nodes([_read_node(i, n) for i, n in enumerate(graph.node)], output_names)
-    _check_supported(nodes, registry)
     defined = set(declared) | set(initializers)
+    every_node = [_read_node(i, n) for i, n in enumerate(graph.node)]
+    _check_single_definitions(every_node, defined)
+    nodes = _live_nodes(every_node, output_names)
+    _check_supported(nodes, registry)
     ordered = _topological(nodes, defined, output_names)
     types = _input_types(graph, input_names, dims)
     consts = {name: Const(tensor_value(t, f"initializer {name!r}")) for name, t in initializers.items()}
@@ -136,6 +138,15 @@ def _read_node(index: int, proto: onnx.NodeProto) -> _OnnxNode:
     return _OnnxNode(index, proto.name, proto.op_type, proto.domain, tuple(proto.input), tuple(outputs), attrs)
 
 
+def _check_single_definitions(nodes: list[_OnnxNode], defined: set[str]) -> None:
+    seen = set(defined)
+    for n in nodes:
+        for o in n.outputs:
+            if o and o in seen:
+                raise OnnxImportError(f"tensor {o!r} is defined twice ({n.label} and an earlier definition)")
+            seen.add(o)
+
+
 def _live_nodes(nodes: list[_OnnxNode], outputs: Sequence[str]) -> list[_OnnxNode]:
     """The nodes some graph output depends on, in model order."""
     producer = {o: n for n in nodes for o in n.outputs if o}
@@ -171,15 +182,8 @@ def _check_supported(nodes: list[_OnnxNode], registry: OpRegistry) -> None:
 
 
 def _topological(nodes: list[_OnnxNode], defined: set[str], outputs: Sequence[str]) -> list[_OnnxNode]:
-    """Nodes in dependency order; dangling inputs, double definitions and cycles are errors."""
-    producer: dict[str, _OnnxNode] = {}
-    for n in nodes:
-        for o in n.outputs:
-            if not o:
-                continue
-            if o in producer or o in defined:
-                raise OnnxImportError(f"tensor {o!r} is defined twice ({n.label} and an earlier definition)")
-            producer[o] = n
+    """Nodes in dependency order; dangling inputs and cycles are errors."""
+    producer = {o: n for n in nodes for o in n.outputs if o}
     for n in nodes:
         for i in n.inputs:
             if i and i not in producer and i not in defined:

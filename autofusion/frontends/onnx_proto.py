@@ -40,7 +40,7 @@ def load_model(source: Any, base_dir: str | os.PathLike[str] | None = None) -> t
     else:
         raise OnnxImportError(
             f"cannot load an ONNX model from a {type(source).__name__}: give a file path, bytes or an onnx.ModelProto")
-    _load_external(model, where, base)
+    model = _load_external(model, where, base)
     if not model.HasField("graph") or not model.graph.output:
         raise OnnxImportError(f"{where} is not an ONNX model (no graph with outputs): is the file truncated or not ONNX?")
     return model, where
@@ -76,12 +76,15 @@ def _tensors(model: ModelProto) -> list[TensorProto]:
     return [*graph.initializer, *attrs]
 
 
-def _load_external(model: ModelProto, where: str, base: str | os.PathLike[str] | None) -> None:
+def _load_external(model: ModelProto, where: str, base: str | os.PathLike[str] | None) -> ModelProto:
+    """The model with external tensor data read in (a copy: the caller's proto is left alone)."""
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-    external = [t for t in _tensors(model) if uses_external_data(t)]
-    if not external:
-        return
+    if not any(uses_external_data(t) for t in _tensors(model)):
+        return model
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    external = [t for t in _tensors(copy) if uses_external_data(t)]
     if base is None:
         raise OnnxImportError(
             f"{where} keeps {len(external)} tensor(s) in external data files; load it from its file path "
@@ -94,6 +97,7 @@ def _load_external(model: ModelProto, where: str, base: str | os.PathLike[str] |
                                   f"from {base}: {e}") from None
         tensor.data_location = TensorProto.DEFAULT
         del tensor.external_data[:]
+    return copy
 
 
 def default_opset(model: ModelProto) -> int:
