@@ -1,0 +1,135 @@
+"""``autofusion run MODEL``: execute a model on given or random inputs and summarise its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autofusion.cli.common import CliError, Output, add_model_arguments, json_number, load_model
+from autofusion.ir import Graph
+
+BACKENDS = ("reference",)
+HEAD = 5  # values shown per output
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run", help="run a model and summarise its outputs",
+        description="Run a model with the chosen backend on inputs from an .npz file (keys input:NAME) "
+                    "or on seeded random inputs, and print each output's shape, dtype, statistics and "
+                    "first values, and the wall time.")
+    add_model_arguments(p)
+    p.add_argument("--backend", choices=BACKENDS, default="reference", help="how to execute (default: reference)")
+    p.add_argument("--inputs", metavar="FILE.npz", help="inputs as an .npz with keys input:NAME")
+    p.add_argument("--save", metavar="FILE.npz", help="write the outputs (output:NAME) and inputs (input:NAME)")
+    p.add_argument("--seed", type=int, default=0, help="seed of built-in weights and random inputs (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
+    """The feeds of ``graph`` from an .npz with keys ``input:NAME``; CliError says what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic[:4] != b"PK\x03\x04" and magic != b"\x93NUMPY":
+            raise CliError(f"inputs file {path} is not an .npz archive (expected one written by numpy.savez "
+                           "with keys input:NAME)")
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise CliError(f"inputs file {path} holds one array, not an .npz archive with keys input:NAME")
+        with data:
+            arrays = {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise CliError(f"inputs file not found: {path}") from None
+    except IsADirectoryError:
+        raise CliError(f"inputs file {path} is a directory") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise CliError(f"cannot read inputs file {path}: {e} (expected an .npz written by numpy.savez)") from None
+    given = {k.removeprefix("input:"): v for k, v in arrays.items() if k.startswith("input:")}
+    missing = [n for n in graph.inputs if n not in given]
+    if missing:
+        raise CliError(f"inputs file {path} lacks {', '.join('input:' + n for n in missing)} "
+                       f"(it has: {', '.join(sorted(arrays)) or 'no arrays'})")
+    unknown = sorted(set(given) - set(graph.inputs))
+    if unknown:
+        raise CliError(f"inputs file {path} has {', '.join('input:' + n for n in unknown)}, which the model does "
+                       f"not take (its inputs: {', '.join(graph.inputs)})")
+    for n in graph.inputs:
+        want, got = graph.types[n], given[n]
+        if tuple(got.shape) != want.shape or got.dtype != want.dtype.numpy:
+            raise CliError(f"inputs file {path}: input:{n} is {got.dtype}{list(got.shape)}, the model takes "
+                           f"{want.dtype}{list(want.shape)}")
+    return {n: given[n] for n in graph.inputs}
+
+
+def summarise(name: str, value: np.ndarray) -> dict[str, Any]:
+    """Shape, dtype, statistics over finite values, count of non-finite ones, first values."""
+    flat = np.asarray(value).reshape(-1)
+    as_float = flat.astype(np.float64)
+    finite = as_float[np.isfinite(as_float)]
+    stats = {k: json_number(float(f(finite))) if finite.size else None
+             for k, f in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max))}
+    head = [v.item() for v in flat[:HEAD]]
+    return {"name": name, "shape": list(value.shape), "dtype": str(value.dtype), **stats,
+            "nonfinite": int(as_float.size - finite.size),
+            "head": [json_number(v) if isinstance(v, float) else v for v in head]}
+
+
+def save_npz(path: str, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> str:
+    """Write ``input:NAME`` and ``output:NAME`` arrays; returns the path numpy wrote."""
+    target = path if path.endswith(".npz") else path + ".npz"  # numpy.savez appends it otherwise
+    arrays = {**{f"input:{k}": v for k, v in feeds.items()}, **{f"output:{k}": v for k, v in outputs.items()}}
+    try:
+        np.savez(target, **arrays)  # type: ignore[arg-type]
+    except OSError as e:
+        raise CliError(f"cannot write {target}: {e.strerror or e}") from None
+    return target
+
+
+def run(args: argparse.Namespace) -> int:
+    from autofusion.ir import run_graph
+    from autofusion.models import random_inputs
+
+    out = Output()
+    if args.save and Path(args.save).is_dir():
+        raise CliError(f"--save {args.save} is a directory; give a file name")
+    loaded = load_model(args, seed=args.seed)
+    graph = loaded.graph
+    feeds = read_inputs(args.inputs, graph) if args.inputs else random_inputs(graph, seed=args.seed)
+    start = time.perf_counter()
+    outputs = run_graph(graph, feeds)
+    wall = time.perf_counter() - start
+    saved = save_npz(args.save, feeds, outputs) if args.save else None
+    summaries = [summarise(name, outputs[name]) for name in graph.outputs]
+    if args.json:
+        out.json({"model": loaded.source, "backend": args.backend, "wall_s": wall,
+                  "inputs": args.inputs or f"random (seed {args.seed})", "saved": saved, "outputs": summaries})
+        return 0
+    rows = [(s["name"], "x".join(map(str, s["shape"])) or "scalar", s["dtype"], _num(s["mean"]), _num(s["std"]),
+             _num(s["min"]), _num(s["max"]), " ".join(_num(v) for v in s["head"]))
+            for s in summaries]
+    out.table(f"{loaded.source}: outputs ({args.backend} backend)",
+              ("output", "shape", "dtype", "mean", "std", "min", "max", "first values"), rows)
+    for s in summaries:
+        if s["nonfinite"]:
+            out.line(f"warning: {s['name']} has {s['nonfinite']} non-finite values")
+    out.line(f"inputs: {args.inputs or f'random (seed {args.seed})'}")
+    out.line(f"wall time: {wall * 1000:.1f} ms")
+    if saved:
+        out.line(f"saved: {saved}")
+    return 0
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "nan"
+    if isinstance(v, float):
+        return f"{v:.5g}"
+    return str(v)
