@@ -45,7 +45,7 @@ def unary(
 
     return OpDef(
         name, OpClass.POINTWISE, ("X",), _same_as_input, reference,
-        attrs=dict(attrs or {}), flops_per_element=flops, doc=doc,
+        attrs=dict(attrs or {}), flops_per_element=flops, doc=doc or f"Elementwise {name}(x).",
     )
 
 
@@ -66,7 +66,7 @@ def binary(
 
     return OpDef(
         name, OpClass.POINTWISE, ("A", "B"), _broadcast_infer(result_dtype), reference,
-        flops_per_element=flops, doc=doc,
+        flops_per_element=flops, doc=doc or f"Elementwise {name}(A, B) with numpy broadcasting.",
     )
 
 
@@ -85,7 +85,8 @@ def variadic(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc:
     def flops(ctx: InferContext, outs: tuple[TensorType, ...]) -> int:
         return max(1, len(ctx.input_types) - 1) * outs[0].numel
 
-    return OpDef(name, OpClass.POINTWISE, ("data_0*",), _broadcast_infer(), reference, flops=flops, doc=doc)
+    return OpDef(name, OpClass.POINTWISE, ("data_0*",), _broadcast_infer(), reference, flops=flops,
+                 doc=doc or f"Elementwise {name} of any number of broadcast inputs.")
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -232,7 +233,8 @@ def _bool_unary(name: str, fn: Callable[..., np.ndarray], attrs: Mapping[str, An
         assert x is not None
         return (np.asarray(fn(x, **{k: a.get(k, d) for k, d in (attrs or {}).items()}), dtype=bool),)
 
-    return OpDef(name, OpClass.POINTWISE, ("X",), infer, reference, attrs=dict(attrs or {}))
+    return OpDef(name, OpClass.POINTWISE, ("X",), infer, reference, attrs=dict(attrs or {}),
+                 doc=f"Elementwise {name}(x) as a bool tensor.")
 
 
 def _not_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
@@ -263,7 +265,7 @@ def ops() -> list[OpDef]:
         _logical(np.logical_and, "And"),
         _logical(np.logical_or, "Or"),
         _logical(np.logical_xor, "Xor"),
-        OpDef("Not", OpClass.POINTWISE, ("X",), _same_as_input, _not_ref),
+        OpDef("Not", OpClass.POINTWISE, ("X",), _same_as_input, _not_ref, doc="Elementwise logical not."),
         unary("Relu", lambda x: np.maximum(x, 0)),
         unary("Neg", np.negative),
         unary("Abs", np.abs),
@@ -307,13 +309,19 @@ def ops() -> list[OpDef]:
               attrs={"alpha": 0.2, "beta": 0.5}),
         unary("Shrink", _shrink, attrs={"bias": 0.0, "lambd": 0.5}),
         OpDef("Clip", OpClass.POINTWISE, ("input", "min?", "max?"), _same_as_input, _clip_ref,
-              attrs={"min": None, "max": None}, flops_per_element=2),
-        OpDef("PRelu", OpClass.POINTWISE, ("X", "slope"), _broadcast_infer(), _prelu_ref),
-        OpDef("Where", OpClass.POINTWISE, ("condition", "X", "Y"), _where_infer, _where_ref),
-        OpDef("Cast", OpClass.POINTWISE, ("input",), _cast_infer, _cast_ref, attrs={"to": None, "saturate": 1}),
+              attrs={"min": None, "max": None}, flops_per_element=2,
+              doc="Clamps to [min, max] (inputs, or attributes before opset 11); either bound optional."),
+        OpDef("PRelu", OpClass.POINTWISE, ("X", "slope"), _broadcast_infer(), _prelu_ref,
+              doc="x where x >= 0, slope * x elsewhere (slope broadcasts)."),
+        OpDef("Where", OpClass.POINTWISE, ("condition", "X", "Y"), _where_infer, _where_ref,
+              doc="X where condition, else Y, all three broadcast."),
+        OpDef("Cast", OpClass.POINTWISE, ("input",), _cast_infer, _cast_ref, attrs={"to": None, "saturate": 1},
+              doc="Converts to the element type `to` (an ONNX type code)."),
         OpDef("BatchNormalization", OpClass.POINTWISE, ("X", "scale", "B", "input_mean", "input_var"),
               _batchnorm_infer, _batchnorm_ref,
-              attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}, flops_per_element=2),
+              attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}, flops_per_element=2,
+              doc="Inference batch norm: (x - mean) / sqrt(var + epsilon) * scale + B per channel."),
         OpDef("Dropout", OpClass.POINTWISE, ("data", "ratio?", "training_mode?"), _dropout_infer, _dropout_ref,
-              attrs={"seed": None, "ratio": 0.5}, num_outputs=None, flops_per_element=0),
+              attrs={"seed": None, "ratio": 0.5}, num_outputs=None, flops_per_element=0,
+              doc="Inference dropout: the input unchanged (and an all-true mask)."),
     ]

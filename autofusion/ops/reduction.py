@@ -69,7 +69,7 @@ def reduce_op(name: str, fn: Any, flops: float = 1.0) -> OpDef:
 
     return OpDef(name, OpClass.REDUCTION, ("data", "axes?"), _reduce_infer, reference,
                  attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}, flops=count,
-                 const_inputs=(1,))
+                 const_inputs=(1,), doc=f"{name} over the given axes (input or attribute; all by default).")
 
 
 def _logsumexp(x: np.ndarray, axis: tuple[int, ...] | None, keepdims: bool) -> np.ndarray:
