@@ -77,9 +77,15 @@ class GraphBuilder:
         num_outputs: int,
         name: str | None = None,
         output_names: Sequence[str] | None = None,
-        **attrs: Any,
+        attrs: Mapping[str, Any] | None = None,
+        **more_attrs: Any,
     ) -> list[str]:
-        """Add an op with ``num_outputs`` outputs (e.g. Split) and return their names."""
+        """Add an op with ``num_outputs`` outputs (e.g. Split) and return their names.
+
+        Attributes come as keywords, or in ``attrs`` for names that clash with the parameters
+        (Split's ``num_outputs``).
+        """
+        attrs = {**(attrs or {}), **more_attrs}
         node_name = name or self._fresh(op.lower())
         outs = list(output_names) if output_names else [
             self._fresh(node_name) if num_outputs > 1 else node_name + "_out" for _ in range(num_outputs)]

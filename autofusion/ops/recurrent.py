@@ -70,14 +70,13 @@ def _lstm_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     if w.shape != (dirs, 4 * hidden, size) or r.shape != (dirs, 4 * hidden, hidden):
         raise ShapeError(f"LSTM: W {w.shape} / R {r.shape} do not match {dirs} directions, hidden {hidden}, "
                          f"input size {size}")
-    expected = {3: (dirs, 8 * hidden), 4: (batch,), 5: (dirs, batch, hidden), 6: (dirs, batch, hidden),
-                7: (dirs, 3 * hidden)}
+    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
+    expected = {3: (dirs, 8 * hidden), 4: (batch,), 5: state, 6: state, 7: (dirs, 3 * hidden)}
     for i, shape in expected.items():
         if ctx.has_input(i) and ctx.type(i).shape != shape:
             raise ShapeError(f"LSTM: input {i} has shape {ctx.type(i).shape}, expected {shape}")
     _activations(ctx.attr, 3, dirs, ("Sigmoid", "Tanh", "Tanh"))
     y_shape = (batch, seq, dirs, hidden) if layout else (seq, dirs, batch, hidden)
-    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
     return (x.with_shape(y_shape), x.with_shape(state), x.with_shape(state))
 
 
@@ -85,10 +84,12 @@ def _lstm_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
     x, w, r = first(xs), xs[1], xs[2]
     assert w is not None and r is not None
 
-    def opt(i: int) -> np.ndarray | None:
-        return xs[i] if len(xs) > i else None
-
     layout = int(a.get("layout", 0))
+
+    def opt(i: int) -> np.ndarray | None:
+        v = xs[i] if len(xs) > i else None
+        return v.transpose(1, 0, 2) if v is not None and layout and i in (5, 6) else v  # batch-first states
+
     if layout:
         x = x.transpose(1, 0, 2)
     seq, batch, _ = x.shape
