@@ -3,7 +3,8 @@
 Structure, per the export of ``tests/data/models/bert_tiny_script.onnx``:
 
 * embeddings: ``Gather`` of word and token-type embeddings, ``Add``, ``Gather`` of position
-  embeddings at constant position ids, ``Add``, ``LayerNormalization`` (epsilon 1e-12);
+  embeddings at constant position ids (kept, so the full table counts as parameters, though a
+  constant folder could fold it), ``Add``, ``LayerNormalization`` (epsilon 1e-12);
 * mask: ``Cast`` to bool, ``Reshape`` to ``[B, 1, 1, S]``, ``Expand`` to ``[B, 1, S, S]``,
   ``Where(mask, 0, float32 min)`` (the exporter's index arithmetic around it folds to a reshape);
 * each layer: ``MatMul`` + ``Add`` for Q, K and V, ``Reshape``/``Transpose`` into heads, scores

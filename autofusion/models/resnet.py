@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,8 @@ def _conv_bn(e: ExportBuilder, w: WeightInit, cfg: ResNetConfig, conv: str, bn: 
     weight = w.he((c_out, c_in, kernel, kernel))
     stats = _draw_bn(w, c_out, *gamma)
     pad = kernel // 2
-    attrs = dict(dilations=(1, 1), group=1, kernel_shape=(kernel, kernel), pads=(pad,) * 4, strides=(stride, stride))
+    attrs: dict[str, Any] = dict(dilations=(1, 1), group=1, kernel_shape=(kernel, kernel), pads=(pad,) * 4,
+                                 strides=(stride, stride))
     if cfg.batchnorm:
         y = e.node(_scope(conv), "Conv", x, e.param(f"{conv}.weight", weight), **attrs)
         params = [e.param(f"{bn}.{k}", v) for k, v in (("weight", stats.gamma), ("bias", stats.beta),

@@ -13,8 +13,9 @@ from autofusion.ops.registry import OpRegistry, default_registry
 class GraphStats:
     """What ``autofusion info`` reports about a graph.
 
-    Parameters are the floating-point constants of rank >= 1 (weights, biases, norms); the other
-    constants (scalars, shape vectors, index tensors, boolean masks) are counted apart. Activation
+    Parameters are the floating-point constants of rank >= 1 (weights, biases, norms; also constant
+    float tensors such as an unrolled LSTM's zero initial state); the other constants (scalars,
+    shape vectors, index tensors, boolean masks) are counted apart. Activation
     bytes sum the sizes of every non-constant tensor: the graph inputs and every node output.
     """
 
