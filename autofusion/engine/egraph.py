@@ -1,0 +1,97 @@
+"""The one place that talks to egglog: run program text, read sizes, reports and the serialized
+e-graph. Only the text language is used, which egglog 13 and 14 share."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from egglog.bindings import EggSmolError, EGraph
+
+
+class EgglogError(RuntimeError):
+    """egglog rejected a generated program (a bug in translation, reported with the program line)."""
+
+
+@dataclass
+class Serialized:
+    """A snapshot of the e-graph: e-class of every node, and node op/children."""
+
+    nodes: dict[str, dict[str, Any]]
+    classes: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Serialized:
+        data = json.loads(text)
+        nodes = data["nodes"]
+        classes: dict[str, list[str]] = {}
+        for nid, node in nodes.items():
+            classes.setdefault(node["eclass"], []).append(nid)
+        return cls(nodes, classes)
+
+    def eclass(self, node_id: str) -> str:
+        return str(self.nodes[node_id]["eclass"])
+
+    def op(self, node_id: str) -> str:
+        return str(self.nodes[node_id]["op"])
+
+    def children(self, node_id: str) -> list[str]:
+        return list(self.nodes[node_id]["children"])
+
+    def rows(self, function: str) -> list[list[str]]:
+        """Rows of a relation or function: the node ids of each row's arguments."""
+        return [n["children"] for n in self.nodes.values() if n["op"] == function]
+
+    def primitive(self, node_id: str) -> Any:
+        """The Python value of a primitive node (string, i64 or f64)."""
+        text = self.op(node_id)
+        if text.startswith('"'):
+            return json.loads(text)
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+
+
+class EggSession:
+    """An egglog e-graph driven by program text."""
+
+    def __init__(self) -> None:
+        self._egraph = EGraph()
+
+    def run(self, program: str | Iterable[str]) -> list[Any]:
+        text = program if isinstance(program, str) else "\n".join(program)
+        try:
+            commands = self._egraph.parse_program(text)
+            return list(self._egraph.run_program(*commands))
+        except EggSmolError as e:
+            raise EgglogError(str(e)) from None
+
+    def size(self) -> int:
+        """Total rows over all tables (e-nodes and facts)."""
+        out = self.run("(print-size)")
+        for item in out:
+            sizes = getattr(item, "sizes", None)
+            if sizes is not None:
+                return int(sum(n for _, n in sizes))
+        return 0
+
+    def run_rules(self, ruleset: str, scheduler: str | None = None) -> dict[str, int]:
+        """One iteration of ``ruleset``; returns how many times each rule matched."""
+        if scheduler:
+            out = self.run(f"(run-schedule (let-scheduler bo {scheduler}) (run-with bo {ruleset}))")
+        else:
+            out = self.run(f"(run {ruleset} 1)")
+        matches: dict[str, int] = {}
+        for item in out:
+            report = getattr(item, "report", None)
+            if report is not None:
+                for name, n in report.num_matches_per_rule.items():
+                    matches[name] = matches.get(name, 0) + int(n)
+        return matches
+
+    def serialize(self) -> Serialized:
+        s = self._egraph.serialize([], max_functions=None, max_calls_per_function=None)
+        return Serialized.parse(s.to_json())

@@ -1,0 +1,247 @@
+"""Pattern terms of the rule IR as egglog rules that record their matches, and the side conditions
+(literal values, attributes, guards) checked on each recorded match in Python.
+
+egglog finds every structural match (op names, class membership through the ``in-class``
+relation, argument positions, shared variables) and writes one row per match into a relation of
+the rule's own. The engine reads the rows from the serialized e-graph and keeps the matches whose
+literals, attributes and guard hold for the tensors' types and values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autofusion.dsl.guards import Bindings, Guard, holds
+from autofusion.dsl.ir import Literal, OpTerm, PatternRef, RuleSet, Term, Var
+from autofusion.engine.egraph import Serialized
+from autofusion.engine.encode import multi_output, parse_attrs, quote
+from autofusion.ir.types import TensorType
+from autofusion.ops.registry import OpRegistry
+
+
+class Untranslatable(ValueError):
+    """A pattern the engine cannot express as an e-graph query (reported, never silently dropped)."""
+
+
+@dataclass
+class OpSlot:
+    term: OpTerm
+    value: str  # egglog variable holding the op's (output) value
+    attrs: str  # egglog variable holding its attribute text
+    opname: str | None  # egglog variable holding the op name when the term names a class
+
+
+@dataclass
+class CompiledPattern:
+    """One egglog rule for one pattern term, and how to read its rows back."""
+
+    relation: str
+    program: str
+    root: str
+    columns: list[tuple[str, str]]  # (egglog variable, sort)
+    ops: list[OpSlot]
+    vars: dict[str, str]  # pattern variable -> egglog variable
+    literals: list[tuple[Literal, str]]
+
+
+class PatternCompiler:
+    def __init__(self, rules: RuleSet, registry: OpRegistry) -> None:
+        self.rules = rules
+        self.registry = registry
+        self._n = 0
+
+    def _var(self, prefix: str) -> str:
+        self._n += 1
+        return f"{prefix}{self._n}"
+
+    def compile(self, term: Term, relation: str, ruleset: str, rule_name: str) -> CompiledPattern:
+        facts: list[str] = []
+        ops: list[OpSlot] = []
+        vars_: dict[str, str] = {}
+        literals: list[tuple[Literal, str]] = []
+        root = self._term(term, facts, ops, vars_, literals)
+        columns = [(root, "Expr")]
+        seen = {root}
+        for slot in ops:
+            for v, sort in ((slot.value, "Expr"), (slot.attrs, "String"), (slot.opname, "String")):
+                if v is not None and v not in seen:
+                    columns.append((v, sort))
+                    seen.add(v)
+        for v in vars_.values():
+            if v not in seen:
+                columns.append((v, "Expr"))
+                seen.add(v)
+        for _, v in literals:
+            if v not in seen:
+                columns.append((v, "Expr"))
+                seen.add(v)
+        sorts = " ".join(s for _, s in columns)
+        head = f"({relation} {' '.join(v for v, _ in columns)})"
+        program = (f"(relation {relation} ({sorts}))\n"
+                   f"(rule ({' '.join(facts)}) ({head}) :ruleset {ruleset} :name {quote(rule_name)})")
+        return CompiledPattern(relation, program, root, columns, ops, vars_, literals)
+
+    def _term(self, term: Term, facts: list[str], ops: list[OpSlot], vars_: dict[str, str],
+              literals: list[tuple[Literal, str]]) -> str:
+        if isinstance(term, Var):
+            v = vars_.get(term.name)
+            if v is None:
+                v = self._var("v")
+                vars_[term.name] = v
+            return v
+        if isinstance(term, Literal):
+            v = self._var("l")
+            literals.append((term, v))
+            return v
+        if isinstance(term, PatternRef):
+            raise Untranslatable(f"pattern {term.name!r} was not expanded")
+        value = self._var("e")
+        attrs = self._var("s")
+        if term.op in self.rules.classes:
+            opname: str | None = self._var("o")
+            op_text = opname
+            facts.append(f"(in-class {opname} {quote(term.op)})")
+            proj = term.output > 0
+        elif term.op in self.registry:
+            opname, op_text = None, quote(term.op)
+            proj = term.output > 0 or multi_output(self.registry, term.op)
+        else:
+            raise Untranslatable(f"unknown op or class {term.op!r}")
+        args = self._var("r") if term.open else "(Nil)"  # an open term ignores further inputs
+        children = [self._term(a, facts, ops, vars_, literals) for a in term.args]
+        for child in reversed(children):
+            args = f"(Cons {child} {args})"
+        op_expr = f"(Op {op_text} {attrs} {args})"
+        if proj:
+            facts.append(f"(= {value} (Proj {op_expr} {term.output}))")
+        else:
+            facts.append(f"(= {value} {op_expr})")
+        ops.append(OpSlot(term, value, attrs, opname))
+        return value
+
+
+@dataclass
+class EClassFacts:
+    """What Python knows of each e-class of a snapshot: handles, types, constant values."""
+
+    handles: dict[str, list[str]]  # eclass -> handles
+    types: dict[str, TensorType]
+    values: dict[str, np.ndarray]
+    consts: set[str]
+
+
+@dataclass
+class Match:
+    rule: str
+    root: str  # e-class
+    vars: dict[str, str]  # pattern variable -> e-class
+    ops: list[tuple[OpTerm, str, str, Mapping[str, Any]]]  # (term, value e-class, op, attributes)
+    values: dict[str, Any] = field(default_factory=dict)  # attribute variables
+
+
+def read_matches(
+    pattern: CompiledPattern,
+    snapshot: Serialized,
+    facts: EClassFacts,
+    registry: OpRegistry,
+    guard: Guard | None,
+    rule: str,
+) -> tuple[list[Match], int]:
+    """Matches whose side conditions hold, and how many rows failed them."""
+    out: list[Match] = []
+    rejected = 0
+    seen: set[tuple[str, ...]] = set()
+    for row in snapshot.rows(pattern.relation):
+        cells: dict[str, Any] = {}
+        for (var, sort), child in zip(pattern.columns, row):
+            cells[var] = snapshot.eclass(child) if sort == "Expr" else snapshot.primitive(child)
+        key = tuple(str(cells[v]) for v, _ in pattern.columns)
+        if key in seen:
+            continue
+        seen.add(key)
+        m = _check(pattern, cells, facts, registry, guard, rule)
+        if m is None:
+            rejected += 1
+        else:
+            out.append(m)
+    return out, rejected
+
+
+def _check(pattern: CompiledPattern, cells: dict[str, Any], facts: EClassFacts, registry: OpRegistry,
+           guard: Guard | None, rule: str) -> Match | None:
+    types: dict[str, TensorType] = {}
+    consts: set[str] = set()
+    captured_attrs: dict[str, Mapping[str, Any]] = {}
+    values: dict[str, Any] = {}
+    ops = []
+    for slot in pattern.ops:
+        op = slot.term.op if slot.opname is None else str(cells[slot.opname])
+        opdef = registry.get(op)
+        attrs = dict(parse_attrs(str(cells[slot.attrs])))
+        if opdef is not None:
+            for k, d in opdef.attrs.items():
+                if d is not None:
+                    attrs.setdefault(k, d)
+        for m in slot.term.attrs:
+            have = attrs.get(m.name)
+            if isinstance(m.value, Var):
+                if have is None:
+                    return None
+                values[m.value.name] = have
+            elif not _same_value(have, m.value):
+                return None
+        eclass = cells[slot.value]
+        if slot.term.capture:
+            t = facts.types.get(eclass)
+            if t is not None:
+                types[slot.term.capture] = t
+            captured_attrs[slot.term.capture] = attrs
+        ops.append((slot.term, eclass, op, attrs))
+    for lit, var in pattern.literals:
+        value = facts.values.get(cells[var])
+        if value is None or not _literal_matches(lit, value):
+            return None
+    vars_ = {name: cells[v] for name, v in pattern.vars.items()}
+    for name, eclass in vars_.items():
+        t = facts.types.get(eclass)
+        if t is not None:
+            types[name] = t
+        if eclass in facts.consts:
+            consts.add(name)
+    if guard is not None:
+        env = Bindings(types=types, consts=frozenset(consts), attrs=captured_attrs, values=values)
+        if not holds(guard, env):
+            return None
+    return Match(rule, cells[pattern.root], vars_, ops, values)
+
+
+def _same_value(have: Any, want: Any) -> bool:
+    if have is None:
+        return False
+    if isinstance(want, (tuple, list)) or isinstance(have, (tuple, list)):
+        if not isinstance(have, (tuple, list)) or not isinstance(want, (tuple, list)) or len(have) != len(want):
+            return False
+        return all(_same_value(a, b) for a, b in zip(have, want))
+    if isinstance(want, float) or isinstance(have, float):
+        try:
+            return math.isclose(float(have), float(want), rel_tol=1e-6, abs_tol=1e-12)
+        except (TypeError, ValueError):
+            return False
+    return bool(have == want)
+
+
+def _literal_matches(lit: Literal, value: np.ndarray) -> bool:
+    if isinstance(lit.value, tuple):
+        flat = value.reshape(-1)
+        return flat.size == len(lit.value) and all(
+            math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(flat, lit.value))
+    if value.size == 0:
+        return False
+    flat = value.reshape(-1).astype(np.float64)
+    want = float(np.float32(lit.value)) if value.dtype == np.float32 else float(lit.value)
+    return bool(np.all(np.isclose(flat, want, rtol=1e-6, atol=1e-12)))

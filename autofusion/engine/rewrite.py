@@ -1,0 +1,478 @@
+"""Equality saturation of the algebraic rewrites, and extraction of the rewritten graph.
+
+Each iteration egglog records every structural match of every rewrite's left side; Python checks
+literals, attributes and guards on the recorded matches, builds the right side with inferred types
+and unions it with the matched root. Saturation stops at a fixpoint or at the first bound hit
+(iterations, e-graph size, seconds), checked between iterations. Extraction then picks one
+e-node per e-class (fewest kernels, constant subterms free, cycles skipped) and rebuilds an IR graph.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autofusion.dsl.ir import Literal, OpTerm, PatternRef, Rewrite, RuleSet, Term, Var
+from autofusion.engine.egraph import EggSession, Serialized
+from autofusion.engine.encode import Encoder, attrs_text, f64, multi_output, parse_attrs, quote
+from autofusion.engine.match import CompiledPattern, EClassFacts, Match, PatternCompiler, Untranslatable, read_matches
+from autofusion.ir.builder import graph_from_nodes
+from autofusion.ir.graph import Const, Graph, Node, freeze_attrs
+from autofusion.ir.infer import infer_node
+from autofusion.ir.passes import fold_constants
+from autofusion.ir.types import DType, TensorType
+from autofusion.ops.registry import OpRegistry, ShapeError
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on saturation, checked between iterations."""
+
+    iterations: int = 12
+    enodes: int = 200_000
+    seconds: float = 20.0
+
+
+@dataclass
+class SaturationReport:
+    iterations: int = 0
+    stop: str = "saturated"  # saturated | iterations | enodes | seconds
+    fired: dict[str, int] = field(default_factory=dict)  # rule -> rewrites applied
+    rejected: dict[str, int] = field(default_factory=dict)  # rule -> matches failing a guard
+    skipped: dict[str, str] = field(default_factory=dict)  # rule -> why it could not be translated
+    enodes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class RewriteResult:
+    graph: Graph
+    report: SaturationReport
+    provenance: dict[str, tuple[str, ...]]  # node name -> rewrites that produced it
+    extract_seconds: float = 0.0
+
+
+@dataclass
+class _Handle:
+    type: TensorType | None
+    value: np.ndarray | None = None
+    const: bool = False
+    tensor: str | None = None  # the original tensor it names
+    rule: str | None = None  # the rewrite that created it
+
+
+class Saturator:
+    def __init__(self, graph: Graph, rules: RuleSet, registry: OpRegistry, limits: Limits) -> None:
+        self.graph = graph
+        self.rules = rules
+        self.registry = registry
+        self.limits = limits
+        self.session = EggSession()
+        self.encoder = Encoder(registry)
+        self.handles: dict[str, _Handle] = {}
+        self.report = SaturationReport()
+        self.patterns: list[tuple[Rewrite, Term, Term, CompiledPattern]] = []
+        self._applied: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        enc = self.encoder
+        enc.classes({name: c.ops for name, c in self.rules.classes.items()})
+        enc.graph(self.graph)
+        for tensor, h in enc.handle_of.items():
+            if not tensor:
+                self.handles[h] = _Handle(None)
+                continue
+            value = self.graph.const_value(tensor)
+            self.handles[h] = _Handle(self.graph.types[tensor], value, value is not None, tensor)
+        for node in self.graph.nodes:  # a node is constant when all its inputs are
+            if node.inputs and all(i and self.handles[enc.handle_of[i]].const for i in node.inputs):
+                for o in node.outputs:
+                    if o:
+                        self.handles[enc.handle_of[o]].const = True
+        compiler = PatternCompiler(self.rules, self.registry)
+        program = ["(ruleset rewrites)"]
+        for i, rw in enumerate(self.rules.rewrites):
+            directions = [(rw.lhs, rw.rhs)] + ([(rw.rhs, rw.lhs)] if rw.bidirectional else [])
+            for k, (lhs, rhs) in enumerate(directions):
+                try:
+                    if isinstance(lhs, (Var, Literal)):
+                        raise Untranslatable("a left side that is a bare variable or literal matches everything")
+                    cp = compiler.compile(lhs, f"rw{i}_{k}", "rewrites", f"{rw.name}#{k}")
+                except Untranslatable as e:
+                    self.report.skipped[rw.name] = str(e)
+                    continue
+                program.append(cp.program)
+                self.patterns.append((rw, lhs, rhs, cp))
+        self.session.run(enc.commands + program)
+
+    # -- saturation -----------------------------------------------------------------------------
+
+    def saturate(self) -> None:
+        start = time.perf_counter()
+        limits = self.limits
+        while True:
+            if self.report.iterations >= limits.iterations:
+                self.report.stop = "iterations"
+                break
+            if time.perf_counter() - start > limits.seconds:
+                self.report.stop = "seconds"
+                break
+            self.session.run_rules("rewrites")
+            snapshot = self.session.serialize()
+            facts = self.facts(snapshot)
+            commands: list[str] = []
+            for rw, _lhs, rhs, cp in self.patterns:
+                matches, rejected = read_matches(cp, snapshot, facts, self.registry, rw.guard, rw.name)
+                if rejected:
+                    self.report.rejected[rw.name] = self.report.rejected.get(rw.name, 0) + rejected
+                for m in matches:
+                    key = (rw.name + cp.relation, m.root, tuple(sorted(m.vars.items())))
+                    if key in self._applied:
+                        continue
+                    self._applied.add(key)
+                    made = self._instantiate(rw, rhs, m, facts, commands)
+                    if made is None:
+                        continue
+                    root = facts.handles[m.root][0]
+                    commands.append(f"(union {root} {made})")
+                    self.report.fired[rw.name] = self.report.fired.get(rw.name, 0) + 1
+            self.report.iterations += 1
+            if not commands:
+                self.report.stop = "saturated"
+                break
+            self.session.run(commands)
+            self.report.enodes = self.session.size()
+            if self.report.enodes > limits.enodes:
+                self.report.stop = "enodes"
+                break
+        self.report.enodes = self.session.size()
+        self.report.seconds = time.perf_counter() - start
+
+    def facts(self, snapshot: Serialized) -> EClassFacts:
+        handles: dict[str, list[str]] = {}
+        for expr_node, name_node in snapshot.rows("handle"):
+            handles.setdefault(snapshot.eclass(expr_node), []).append(str(snapshot.primitive(name_node)))
+        types: dict[str, TensorType] = {}
+        values: dict[str, np.ndarray] = {}
+        consts: set[str] = set()
+        for eclass, hs in handles.items():
+            for h in hs:
+                info = self.handles.get(h)
+                if info is None:
+                    continue
+                if info.type is not None and eclass not in types:
+                    types[eclass] = info.type
+                if info.value is not None and eclass not in values:
+                    values[eclass] = info.value
+                if info.const:
+                    consts.add(eclass)
+        return EClassFacts(handles, types, values, consts)
+
+    # -- right sides ----------------------------------------------------------------------------
+
+    def _instantiate(self, rw: Rewrite, rhs: Term, m: Match, facts: EClassFacts, out: list[str]) -> str | None:
+        """Commands creating the right side for match ``m``; its handle, or None if it does not
+        type-check (the match is then skipped, like a failing guard)."""
+        root_type = facts.types.get(m.root)
+        try:
+            h = self._build(rw, rhs, m, facts, out, root_type)
+        except (ShapeError, KeyError, ValueError, TypeError) as e:
+            self.report.rejected[rw.name] = self.report.rejected.get(rw.name, 0) + 1
+            self.report.skipped.setdefault(f"{rw.name} (instance)", f"right side does not type-check: {e}")
+            return None
+        if root_type is not None and self.handles[h].type not in (None, root_type):
+            self.report.rejected[rw.name] = self.report.rejected.get(rw.name, 0) + 1
+            return None
+        return h
+
+    def _bind(self, expr: str, info: _Handle, out: list[str]) -> str:
+        h = self.encoder.fresh()
+        out.append(f"(let {h} {expr})")
+        out.append(f"(handle {h} {quote(h)})")
+        self.handles[h] = info
+        return h
+
+    def _build(self, rw: Rewrite, term: Term, m: Match, facts: EClassFacts, out: list[str],
+               like: TensorType | None) -> str:
+        if isinstance(term, Var):
+            if term.name in m.vars:
+                return facts.handles[m.vars[term.name]][0]
+            if term.name in m.values:  # an attribute variable used as a tensor: a scalar constant
+                return self._scalar(float(m.values[term.name]), like, out, rw.name)
+            raise KeyError(f"variable {term.name!r} is not bound by the left side")
+        if isinstance(term, Literal):
+            if isinstance(term.value, tuple):
+                arr = np.array(term.value, dtype=np.int64)
+                text = json.dumps([int(v) for v in term.value], separators=(",", ":"))
+                return self._bind(f"(Vec {quote(text)})", _Handle(TensorType.of(arr), arr, True, rule=rw.name), out)
+            return self._scalar(float(term.value), like, out, rw.name)
+        if isinstance(term, PatternRef):
+            raise ValueError(f"pattern {term.name!r} was not expanded")
+        assert isinstance(term, OpTerm)
+        if term.op not in self.registry:
+            raise ValueError(f"right side uses {term.op!r}, which is not a concrete op")
+        args = [self._build(rw, a, m, facts, out, like) for a in term.args]
+        attrs: dict[str, Any] = {}
+        for a in term.attrs:
+            if isinstance(a.value, Var):
+                if a.value.name in m.values:
+                    attrs[a.name] = m.values[a.value.name]
+                elif a.value.name in m.vars:  # a scalar constant tensor of the left side
+                    v = facts.values.get(m.vars[a.value.name])
+                    if v is None or v.size != 1:
+                        raise ValueError(f"{a.value.name!r} is not a scalar constant")
+                    attrs[a.name] = float(v.reshape(-1)[0])
+                else:
+                    raise KeyError(a.value.name)
+            else:
+                attrs[a.name] = a.value
+        node = Node(term.op, tuple(args), ("out",), freeze_attrs(attrs), "rhs")
+        types = {h: self.handles[h].type for h in args if self.handles[h].type is not None}
+        consts = {h: Const(self.handles[h].value) for h in args if self.handles[h].value is not None}
+        outs = infer_node(node, types, consts, self.registry)  # type: ignore[arg-type]
+        cons = "(Nil)"
+        for a in reversed(args):
+            cons = f"(Cons {a} {cons})"
+        expr = f"(Op {quote(term.op)} {quote(attrs_text(node.attrs))} {cons})"
+        const = bool(args) and all(self.handles[a].const for a in args)
+        if term.output > 0 or multi_output(self.registry, term.op):
+            op_h = self._bind(expr, _Handle(None, rule=rw.name), out)
+            return self._bind(f"(Proj {op_h} {term.output})", _Handle(outs[term.output], const=const, rule=rw.name), out)
+        return self._bind(expr, _Handle(outs[0], const=const, rule=rw.name), out)
+
+    def _scalar(self, value: float, like: TensorType | None, out: list[str], rule: str) -> str:
+        dtype = like.dtype if like is not None else DType.FLOAT32
+        arr = np.array(value, dtype=dtype.numpy)
+        expr = f"(Num {f64(float(arr))} {quote(str(arr.dtype))} \"[]\")"
+        return self._bind(expr, _Handle(TensorType.of(arr), arr, True, rule=rule), out)
+
+
+def saturate_rewrites(graph: Graph, rules: RuleSet, registry: OpRegistry, limits: Limits | None = None) -> RewriteResult:
+    """Apply ``rules.rewrites`` to ``graph`` by equality saturation and extract the best graph."""
+    sat = Saturator(graph, rules, registry, limits or Limits())
+    sat.load()
+    if sat.patterns:
+        sat.saturate()
+    else:
+        sat.report.stop = "no rewrites"
+    t0 = time.perf_counter()
+    if not sat.report.fired:
+        return RewriteResult(graph, sat.report, {}, time.perf_counter() - t0)
+    snapshot = sat.session.serialize()
+    new_graph, provenance = Extractor(sat, snapshot).graph()
+    return RewriteResult(new_graph, sat.report, provenance, time.perf_counter() - t0)
+
+
+class Extractor:
+    """Chooses one e-node per e-class and rebuilds an IR graph from the choices."""
+
+    def __init__(self, sat: Saturator, snapshot: Serialized) -> None:
+        self.sat = sat
+        self.s = snapshot
+        self.facts = sat.facts(snapshot)
+        self.const_classes = self._const_classes()
+        self.best: dict[str, tuple[float, str]] = {}
+        self.projections: dict[str, dict[int, str]] = {}  # op e-class -> output index -> e-class
+        for node in snapshot.nodes.values():
+            if node["op"] == "Proj":
+                op_cls = snapshot.eclass(node["children"][0])
+                k = int(snapshot.primitive(node["children"][1]))
+                self.projections.setdefault(op_cls, {})[k] = str(node["eclass"])
+
+    def _const_classes(self) -> set[str]:
+        consts = set(self.facts.consts)
+        changed = True
+        while changed:  # an Op whose inputs are all constant is constant (folded before it runs)
+            changed = False
+            for cls, nodes in self.s.classes.items():
+                if cls in consts:
+                    continue
+                for nid in nodes:
+                    if self.s.op(nid) == "Op" and all(c in consts for c in self._arg_classes(nid)):
+                        consts.add(cls)
+                        changed = True
+                        break
+        return consts
+
+    def _arg_classes(self, nid: str) -> list[str]:
+        out = []
+        args = self.s.children(nid)[2]
+        seen = 0
+        while True:
+            nodes = self.s.classes.get(self.s.eclass(args), [])
+            cons = next((n for n in nodes if self.s.op(n) == "Cons"), None)
+            if cons is None or seen > 64:
+                return out
+            head, args = self.s.children(cons)
+            out.append(self.s.eclass(head))
+            seen += 1
+
+    def _node_cost(self, nid: str, cls: str) -> float | None:
+        op = self.s.op(nid)
+        if op in ("In", "Cst"):
+            return 0.0
+        if op in ("Num", "Vec"):
+            return 1e-6  # prefer the original named constant when both exist
+        if op == "Proj":
+            return self._class_cost(self.s.eclass(self.s.children(nid)[0]))
+        if op != "Op":
+            return None
+        own = 0.0 if cls in self.const_classes else (0.05 if self._is_view(nid) else 1.0)
+        total = own
+        for c in self._arg_classes(nid):
+            cc = self._class_cost(c)
+            if cc is None:
+                return None
+            total += cc
+        return total
+
+    def _is_view(self, nid: str) -> bool:
+        opdef = self.sat.registry.get(str(self.s.primitive(self.s.children(nid)[0])))
+        return bool(opdef and opdef.view)
+
+    def _class_cost(self, cls: str) -> float | None:
+        b = self.best.get(cls)
+        return None if b is None else b[0]
+
+    def _solve(self) -> None:
+        exprs = {cls: [n for n in nodes if self.s.op(n) in ("Op", "Proj", "In", "Cst", "Num", "Vec")]
+                 for cls, nodes in self.s.classes.items()}
+        exprs = {k: v for k, v in exprs.items() if v}
+        for _ in range(len(exprs) + 1):  # Bellman-Ford style: costs only fall, cycles never resolve
+            changed = False
+            for cls, nodes in exprs.items():
+                for nid in nodes:
+                    c = self._node_cost(nid, cls)
+                    if c is None:
+                        continue
+                    old = self.best.get(cls)
+                    if old is None or c < old[0] - 1e-9:
+                        self.best[cls] = (c, nid)
+                        changed = True
+            if not changed:
+                break
+
+    def graph(self) -> tuple[Graph, dict[str, tuple[str, ...]]]:
+        self._solve()
+        g = self.sat.graph
+        handle_of = self.sat.encoder.handle_of
+        class_of_handle = {h: cls for cls, hs in self.facts.handles.items() for h in hs}
+        names: dict[str, str] = {}  # e-class -> tensor name
+        for tensor in [*g.outputs, *g.inputs, *g.constants, *(o for n in g.nodes for o in n.outputs)]:
+            if tensor and tensor in handle_of:
+                names.setdefault(class_of_handle[handle_of[tensor]], tensor)
+        rules_of_class: dict[str, list[str]] = {}
+        for cls, hs in self.facts.handles.items():
+            for h in hs:
+                r = self.sat.handles.get(h)
+                if r is not None and r.rule:
+                    rules_of_class.setdefault(cls, []).append(r.rule)
+        builder = _Rebuild(self, names, rules_of_class)
+        for out in g.outputs:
+            builder.tensor(class_of_handle[handle_of[out]])
+        return builder.finish()
+
+
+class _Rebuild:
+    def __init__(self, ex: Extractor, names: dict[str, str], rules_of_class: Mapping[str, list[str]]) -> None:
+        self.ex = ex
+        self.s = ex.s
+        self.names = names
+        self.rules_of_class = rules_of_class
+        self.nodes: list[Node] = []
+        self.consts: dict[str, np.ndarray] = {}
+        self.inputs: list[str] = []
+        self.done: dict[str, str] = {}
+        self.op_done: dict[str, list[str]] = {}
+        self.provenance: dict[str, tuple[str, ...]] = {}
+        self.used_names = set(names.values()) | {n.name for n in ex.sat.graph.nodes}
+        self._n = 0
+
+    def _fresh(self, base: str) -> str:
+        while True:
+            self._n += 1
+            name = f"{base}_{self._n}"
+            if name not in self.used_names:
+                self.used_names.add(name)
+                return name
+
+    def tensor(self, cls: str) -> str:
+        if cls in self.done:
+            return self.done[cls]
+        best = self.ex.best.get(cls)
+        if best is None:
+            raise RuntimeError(f"extraction found no acyclic term for e-class {cls}")
+        nid = best[1]
+        op = self.s.op(nid)
+        name = self.names.get(cls)
+        g = self.ex.sat.graph
+        if op == "In":
+            name = str(self.s.primitive(self.s.children(nid)[0]))
+            if name and name not in self.inputs:
+                self.inputs.append(name)
+        elif op == "Cst":
+            name = str(self.s.primitive(self.s.children(nid)[0]))
+            self.consts[name] = g.constants[name].array
+        elif op in ("Num", "Vec"):
+            value = self.ex.facts.values.get(cls)
+            if value is None:
+                kids = self.s.children(nid)
+                if op == "Num":
+                    shape = json.loads(str(self.s.primitive(kids[2])))
+                    value = np.full(shape, self.s.primitive(kids[0]), dtype=np.dtype(str(self.s.primitive(kids[1]))))
+                else:
+                    value = np.array(json.loads(str(self.s.primitive(kids[0]))), dtype=np.int64)
+            name = name if name and name not in g.producers else self._fresh("const")
+            self.consts[name] = value
+        elif op == "Proj":
+            op_cls = self.s.eclass(self.s.children(nid)[0])
+            index = int(self.s.primitive(self.s.children(nid)[1]))
+            op_node = self.ex.best[op_cls][1] if op_cls in self.ex.best else self._any_op(op_cls)
+            name = self._op(op_cls, op_node)[index]
+        else:
+            name = self._op(cls, nid, single=name)[0]
+        self.done[cls] = name
+        return name
+
+    def _any_op(self, cls: str) -> str:
+        return next(n for n in self.s.classes[cls] if self.s.op(n) == "Op")
+
+    def _op(self, cls: str, nid: str, single: str | None = None) -> list[str]:
+        if cls in self.op_done:
+            return self.op_done[cls]
+        kids = self.s.children(nid)
+        op = str(self.s.primitive(kids[0]))
+        attrs = parse_attrs(str(self.s.primitive(kids[1])))
+        if multi_output(self.ex.sat.registry, op):
+            projs = self.ex.projections.get(cls, {})
+            outs = [""] * (max(projs) + 1 if projs else 1)
+            for k, proj_cls in projs.items():
+                outs[k] = self.names.get(proj_cls) or self._fresh(f"{op.lower()}_out{k}")
+                self.done[proj_cls] = outs[k]
+        else:
+            outs = [single or self._fresh(op.lower())]
+        self.op_done[cls] = outs
+        inputs = [self.tensor(c) for c in self.ex._arg_classes(nid)]
+        rules = tuple(dict.fromkeys(self.rules_of_class.get(cls, [])))
+        original = self.ex.sat.graph.producers.get(next((o for o in outs if o), ""))
+        if original is not None and original.op == op and original.attrs == attrs:
+            node_name = original.name
+        else:
+            node_name = self._fresh(f"{rules[0] if rules else 'rw'}_{op.lower()}")
+            if rules:
+                self.provenance[node_name] = rules
+        self.nodes.append(Node(op, tuple(inputs), tuple(outs), attrs, node_name))
+        return outs
+
+    def finish(self) -> tuple[Graph, dict[str, tuple[str, ...]]]:
+        g = self.ex.sat.graph
+        inputs = {n: g.types[n] for n in g.inputs}  # keep every declared input, used or not
+        graph = graph_from_nodes(g.name, inputs, self.consts, self.nodes, list(g.outputs), self.ex.sat.registry)
+        return fold_constants(graph, self.ex.sat.registry), self.provenance
