@@ -41,6 +41,14 @@ def ref_input_or_attr(xs: Arrays, a: Mapping[str, Any], index: int, attr: str) -
     return None if value is None else ints(value)
 
 
+def same_dtype(ctx: InferContext, indices: Sequence[int]) -> None:
+    """ONNX requires these inputs to share one element type; a mismatch is a ShapeError."""
+    types = [(i, ctx.type(i)) for i in indices if ctx.has_input(i)]
+    if len({t.dtype for _, t in types}) > 1:
+        listed = ", ".join(f"input {i} is {t.dtype}" for i, t in types)
+        raise ShapeError(f"{ctx.node.op}: element types differ ({listed})")
+
+
 def first(xs: Arrays) -> np.ndarray:
     x = xs[0]
     assert x is not None

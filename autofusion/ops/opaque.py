@@ -9,6 +9,7 @@ import numpy as np
 
 from autofusion.ir.types import TensorType
 from autofusion.ops import recurrent, spatial
+from autofusion.ops.common import same_dtype
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError, broadcast_shapes
 
 Arrays = Sequence[np.ndarray | None]
@@ -16,6 +17,7 @@ Arrays = Sequence[np.ndarray | None]
 
 def _matmul_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     a, b = ctx.type(0), ctx.type(1)
+    same_dtype(ctx, (0, 1))
     if a.rank == 0 or b.rank == 0:
         raise ShapeError("MatMul: inputs must have rank >= 1")
     sa = a.shape if a.rank > 1 else (1,) + a.shape
@@ -44,6 +46,7 @@ def _matmul_flops(ctx: InferContext, outs: tuple[TensorType, ...]) -> int:
 
 def _gemm_dims(ctx: InferContext) -> tuple[int, int, int]:
     a, b = ctx.type(0), ctx.type(1)
+    same_dtype(ctx, (0, 1, 2))
     if a.rank != 2 or b.rank != 2:
         raise ShapeError(f"Gemm: inputs must be matrices, got {a.shape} and {b.shape}")
     m, k = a.shape[::-1] if ctx.attr("transA", 0) else a.shape

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.ir.types import DType, TensorType
+from autofusion.ops.common import same_dtype
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError, broadcast_shapes
 
 Arrays = Sequence[np.ndarray | None]
@@ -17,11 +18,15 @@ def _same_as_input(ctx: InferContext) -> tuple[TensorType, ...]:
     return (ctx.type(0),)
 
 
-def _broadcast_infer(result_dtype: DType | None = None) -> Callable[[InferContext], tuple[TensorType, ...]]:
+def _broadcast_infer(
+    result_dtype: DType | None = None, same_types: bool = True
+) -> Callable[[InferContext], tuple[TensorType, ...]]:
     def infer(ctx: InferContext) -> tuple[TensorType, ...]:
         types = [t for t in ctx.input_types if t is not None]
         if not types:
             raise ShapeError(f"{ctx.node.op}: needs inputs")
+        if same_types:
+            same_dtype(ctx, range(len(ctx.input_types)))
         shape = broadcast_shapes(*[t.shape for t in types])
         return (TensorType(shape, result_dtype or types[0].dtype),)
 
@@ -55,8 +60,9 @@ def binary(
     flops: float = 1.0,
     result_dtype: DType | None = None,
     doc: str = "",
+    same_types: bool = True,
 ) -> OpDef:
-    """A broadcasting elementwise op of two inputs."""
+    """A broadcasting elementwise op of two inputs (of one element type unless ``same_types`` is off)."""
 
     def reference(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
         x, y = xs[0], xs[1]
@@ -65,7 +71,7 @@ def binary(
         return (out.astype(result_dtype.numpy if result_dtype else x.dtype, copy=False),)
 
     return OpDef(
-        name, OpClass.POINTWISE, ("A", "B"), _broadcast_infer(result_dtype), reference,
+        name, OpClass.POINTWISE, ("A", "B"), _broadcast_infer(result_dtype, same_types), reference,
         flops_per_element=flops, doc=doc or f"Elementwise {name}(A, B) with numpy broadcasting.",
     )
 
@@ -138,6 +144,9 @@ def _cast_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
 
 
 def _where_infer(ctx: InferContext) -> tuple[TensorType, ...]:
+    if ctx.type(0).dtype is not DType.BOOL:
+        raise ShapeError(f"Where: condition must be bool, got {ctx.type(0).dtype}")
+    same_dtype(ctx, (1, 2))
     shape = broadcast_shapes(ctx.type(0).shape, ctx.type(1).shape, ctx.type(2).shape)
     return (TensorType(shape, ctx.type(1).dtype),)
 
@@ -250,7 +259,7 @@ def ops() -> list[OpDef]:
         binary("Sub", np.subtract),
         binary("Mul", np.multiply),
         binary("Div", _int_div),
-        binary("Pow", _pow, flops=8),
+        binary("Pow", _pow, flops=8, same_types=False),  # the exponent may have another type
         OpDef("Mod", OpClass.POINTWISE, ("A", "B"), _broadcast_infer(), _mod_ref, attrs={"fmod": 0},
               doc="Remainder: sign of the divisor (fmod=0, integers) or of the dividend (fmod=1)."),
         variadic("Sum", np.add),

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.ir.types import TensorType
-from autofusion.ops.common import Arrays, first
+from autofusion.ops.common import Arrays, first, same_dtype
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 
 Activation = Callable[[np.ndarray], np.ndarray]
@@ -60,6 +60,7 @@ def _num_directions(direction: str) -> int:
 
 def _lstm_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     x, w, r = ctx.type(0), ctx.type(1), ctx.type(2)
+    same_dtype(ctx, (0, 1, 2, 3, 5, 6, 7))
     dirs = _num_directions(ctx.attr("direction", "forward"))
     hidden = ctx.attr("hidden_size")
     if x.rank != 3 or w.rank != 3 or r.rank != 3:

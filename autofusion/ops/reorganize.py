@@ -16,6 +16,7 @@ from autofusion.ops.common import (
     outputs_only_bytes,
     ref_input_or_attr,
     same_as_input,
+    same_dtype,
 )
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 
@@ -140,6 +141,7 @@ def _identity_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
 
 def _concat_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     types = [ctx.type(i) for i in range(len(ctx.input_types))]
+    same_dtype(ctx, range(len(types)))
     rank = types[0].rank
     axis = norm_axis(ctx.attr("axis"), rank, "Concat") if ctx.attr("axis") is not None else None
     if axis is None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.ir.types import DType, TensorType
-from autofusion.ops.common import Arrays, first, ints
+from autofusion.ops.common import Arrays, first, ints, same_dtype
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 
 WINDOW_ATTRS: dict[str, Any] = {"auto_pad": "NOTSET", "kernel_shape": None, "pads": None, "strides": None}
@@ -85,6 +85,7 @@ def _padded_views(x: np.ndarray, w: Window, fill: float) -> tuple[np.ndarray, li
 
 def _conv_window(ctx: InferContext) -> tuple[Window, int, int]:
     x, wt = ctx.type(0), ctx.type(1)
+    same_dtype(ctx, (0, 1, 2))
     group = int(ctx.attr("group", 1))
     if x.rank < 3 or wt.rank != x.rank:
         raise ShapeError(f"Conv: X {x.shape} and W {wt.shape} must both be N x C x D1 ...")
