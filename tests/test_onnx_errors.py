@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autofusion.frontends import OnnxImportError, load_onnx
+from autofusion.ir import run_graph
 
 MODELS = Path(__file__).parent / "data" / "models"
 
@@ -129,16 +130,35 @@ def test_bad_opset() -> None:
     assert "operator set" in _error(model)
 
 
-def test_failed_opset_upgrade_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_opset_upgrade_falls_back_or_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     from onnx import version_converter
+
+    from autofusion.frontends.onnx_proto import OnnxImportWarning
 
     def refuse(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
         raise RuntimeError("No adapter for Foo")
 
     monkeypatch.setattr(version_converter, "convert_version", refuse)
-    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_x()], ["y"], opset=9)
-    msg = _error(model)
-    assert "opset 9" in msg and "No adapter for Foo" in msg and "Re-export" in msg
+    # ops whose meaning did not change import at their own opset, with a warning
+    softmax_last = [helper.make_node("Softmax", ["x"], ["y"])]  # rank 2, default axis 1: the last axis
+    with pytest.warns(OnnxImportWarning, match="No adapter for Foo"):
+        graph = load_onnx(_model(softmax_last, [_x()], ["y"], opset=9))
+    x = np.array([[1, 2, 3], [0, 0, 0]], np.float32)
+    np.testing.assert_allclose(run_graph(graph, {"x": x})["y"].sum(axis=1), [1, 1], rtol=1e-6)
+    # Softmax over several axes together (its pre-13 meaning) cannot be imported without the upgrade
+    softmax_3d = [helper.make_node("Softmax", ["x"], ["y"], axis=1)]
+    with pytest.warns(OnnxImportWarning):
+        msg = _error(_model(softmax_3d, [_x("x", (2, 3, 4))], ["y"], opset=9))
+    assert "opset 9" in msg and "re-export" in msg and "Softmax" in msg
+
+
+def test_wrong_element_types() -> None:
+    xi = helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3])
+    msg = _error(_model([helper.make_node("Add", ["x", "i"], ["y"], name="mix")], [_x(), xi], ["y"]))
+    assert "'mix'" in msg and "element types differ" in msg and "float32" in msg and "int64" in msg
+    declared = _model([helper.make_node("Relu", ["x"], ["y"])], [_x()], [])
+    declared.graph.output.append(helper.make_tensor_value_info("y", TensorProto.INT32, [2, 3]))
+    assert "declared int32 but computes float32" in _error(declared)
 
 
 def test_unknown_attribute() -> None:

@@ -3,7 +3,8 @@
 >>> from autofusion.frontends import load_onnx
 >>> graph = load_onnx("tests/data/models/resnet_tiny_script.onnx")  # doctest: +SKIP
 
-On the way in: old opsets are upgraded, ``Constant`` nodes and initializers become IR constants,
+On the way in: old opsets are upgraded (if the converter fails, the model is imported at its own
+opset with a warning, refusing the few ops whose meaning changed), ``Constant`` nodes and initializers become IR constants,
 ``Identity`` nodes disappear, every node whose inputs are all constant is evaluated (so exporters'
 shape arithmetic becomes constants), nodes that no output needs are dropped, and symbolic dims are
 bound from ``dims``. Every problem is reported as :class:`OnnxImportError`.
@@ -27,6 +28,7 @@ from autofusion.frontends.onnx_proto import (
     attribute_value,
     constant_node_value,
     default_opset,
+    element_type,
     input_type,
     load_model,
     tensor_value,
@@ -39,6 +41,14 @@ from autofusion.ir.verify import VerifyError, verify
 from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError, default_registry
 
 __all__ = ["OnnxImportError", "load_onnx"]
+
+
+@dataclass(frozen=True)
+class _Opset:
+    """The model's original ai.onnx opset, and whether it is still at it (the upgrade failed)."""
+
+    version: int
+    legacy: bool
 
 
 @dataclass(frozen=True)
@@ -75,9 +85,10 @@ def load_onnx(
     registry = registry or default_registry()
     model, where = load_model(source, base_dir)
     opset = default_opset(model)
-    model = upgrade_opset(model, where)
+    model, legacy = upgrade_opset(model, where)
     try:
-        return _import_graph(model.graph, dict(dims or {}), registry, where, dict(values or {}), opset)
+        return _import_graph(model.graph, dict(dims or {}), registry, where, dict(values or {}),
+                             _Opset(opset, legacy))
     except OnnxImportError:
         raise
     except (ShapeError, UnknownOpError, VerifyError) as e:
@@ -85,7 +96,7 @@ def load_onnx(
 
 
 def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegistry, where: str,
-                  values: dict[str, Any], opset: int) -> Graph:
+                  values: dict[str, Any], opset: _Opset) -> Graph:
     initializers = {t.name: t for t in graph.initializer}
     declared = [v.name for v in graph.input if v.name not in initializers]
     unknown = sorted(set(values) - set(declared))
@@ -105,7 +116,20 @@ def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegi
     consts = {name: Const(tensor_value(t, f"initializer {name!r}")) for name, t in initializers.items()}
     consts.update(_fixed_inputs(graph, values))
     importer = _Importer(registry, types, consts, opset)
-    return importer.run(graph.name or "model", input_names, ordered, output_names)
+    result = importer.run(graph.name or "model", input_names, ordered, output_names)
+    _check_declared_output_types(graph, result)
+    return result
+
+
+def _check_declared_output_types(proto: onnx.GraphProto, graph: Graph) -> None:
+    """An output whose declared element type differs from what the graph computes means bad types."""
+    for out in proto.output:
+        code = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
+        if code:
+            declared = element_type(code, f"graph output {out.name!r}")
+            if declared != graph.types[out.name].dtype:
+                raise OnnxImportError(f"graph output {out.name!r} is declared {declared} but computes "
+                                      f"{graph.types[out.name].dtype}: the model's element types are inconsistent")
 
 
 def _fixed_inputs(graph: onnx.GraphProto, values: Mapping[str, Any]) -> dict[str, Const]:
@@ -246,7 +270,7 @@ class _Importer:
     """Walks the ordered nodes once: folds constants, drops Identity, infers every type."""
 
     def __init__(self, registry: OpRegistry, types: dict[str, TensorType], consts: dict[str, Const],
-                 opset: int) -> None:
+                 opset: _Opset) -> None:
         self.registry = registry
         self.opset = opset
         self.types = types
@@ -283,7 +307,7 @@ class _Importer:
             self.alias[n.outputs[0]] = inputs[0]
             return
         attrs = dict(n.attrs)
-        inputs = self.legacy_fixes(n, inputs)
+        inputs = self.legacy_fixes(n, inputs, attrs)
         if n.op == "Split" and (len(inputs) < 2 or not inputs[1]) and "split" not in attrs:
             attrs.setdefault("num_outputs", len(n.outputs))  # the IR carries the part count on the node
         if all(i in self.consts for i in inputs if i) or n.op in ("Shape", "Size"):
@@ -299,9 +323,24 @@ class _Importer:
                 self.types[o] = t
         self.nodes.append(node)
 
-    def legacy_fixes(self, n: _OnnxNode, inputs: tuple[str, ...]) -> tuple[str, ...]:
+    def legacy_semantics(self, n: _OnnxNode, attrs: dict[str, Any], inputs: tuple[str, ...]) -> None:
+        """An op of a model left below opset 13 whose meaning changed since: map it or refuse it."""
+        if n.op in ("Softmax", "LogSoftmax", "Hardmax") and inputs[0] in self.types:
+            rank = self.types[inputs[0]].rank
+            axis = int(attrs.get("axis", 1)) % max(rank, 1)
+            if axis != rank - 1:  # before opset 13 these normalise over all axes from `axis` on
+                raise OnnxImportError(
+                    f"{n.label}: at opset {self.opset.version} it normalises over axes {axis}..{rank - 1} together, "
+                    f"which cannot be imported without the failed opset upgrade; re-export at opset 13 or newer")
+            attrs["axis"] = axis
+        if n.op == "Concat" and self.opset.version < 4:
+            attrs.setdefault("axis", 1)  # the default before opset 4
+
+    def legacy_fixes(self, n: _OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> tuple[str, ...]:
         """Semantics the opset converter does not carry over from very old models."""
-        if n.op == "PRelu" and self.opset < 7 and inputs[1] in self.consts and inputs[0] in self.types:
+        if self.opset.legacy:
+            self.legacy_semantics(n, attrs, inputs)
+        if n.op == "PRelu" and self.opset.version < 7 and inputs[1] in self.consts and inputs[0] in self.types:
             slope, x = self.consts[inputs[1]].array, self.types[inputs[0]]
             if slope.ndim == 1 and x.rank > 2 and slope.size == x.shape[1]:
                 name = f"{inputs[1]}__per_channel"  # opset 6 PRelu: a 1-D slope is per channel

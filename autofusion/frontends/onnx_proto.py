@@ -7,6 +7,7 @@ user can act on; nothing here lets a protobuf or numpy exception escape.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -113,20 +114,31 @@ def default_opset(model: ModelProto) -> int:
     return version
 
 
-def upgrade_opset(model: ModelProto, where: str) -> ModelProto:
-    """The model at opset >= 13: older models go through onnx's version converter."""
+class OnnxImportWarning(UserWarning):
+    """The import went ahead, with a caveat the user should know about."""
+
+
+def upgrade_opset(model: ModelProto, where: str) -> tuple[ModelProto, bool]:
+    """The model at opset >= 13 (older ones go through onnx's version converter), and whether it is
+    still at its old opset because the converter failed.
+
+    A failed upgrade falls back to importing the model as it is, with an :class:`OnnxImportWarning`:
+    most ops mean the same at older opsets, attribute forms are understood, and the importer rejects
+    the few whose meaning changed (see ``legacy_fixes`` in the importer).
+    """
     version = default_opset(model)
     if version >= MIN_OPSET:
-        return model
+        return model, False
     from onnx import version_converter
 
     try:
-        return version_converter.convert_version(model, MIN_OPSET)
+        return version_converter.convert_version(model, MIN_OPSET), False
     except Exception as e:  # the converter has no adapter for some op at this version
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OnnxImportError(
-            f"{where} uses opset {version}; upgrading it to opset {MIN_OPSET} failed: {reason}. "
-            f"Re-export the model at opset {MIN_OPSET} or newer") from None
+        warnings.warn(OnnxImportWarning(
+            f"{where}: upgrading opset {version} to {MIN_OPSET} failed ({reason}); importing it at opset {version}"),
+            stacklevel=3)
+        return model, True
 
 
 def element_type(code: int, what: str) -> DType:
