@@ -167,6 +167,29 @@ def test_every_op_has_a_sample_or_takes_one_float_input() -> None:
             assert opdef.min_inputs == 1 and opdef.op_class is OpClass.POINTWISE, f"add {opdef.name} to SAMPLES"
 
 
+# inputs that became inputs at some opset but were attributes before: optional here, required in the schema
+LEGACY_OPTIONAL = {"Pad": {"pads"}, "Slice": {"starts", "ends"}, "Unsqueeze": {"axes"}}
+
+
+@pytest.mark.parametrize("op", REGISTRY.names)
+def test_signature_and_attribute_defaults_match_the_onnx_schema(op: str) -> None:
+    """Every attribute of the op's ONNX schema (opset 22) is listed with the schema's default."""
+    opdef = REGISTRY[op]
+    schema = onnx.defs.get_schema(op, 22, "")
+    for name, attr in schema.attributes.items():
+        assert name in opdef.attrs, f"{op}: attribute {name!r} missing"
+        if attr.default_value.type:
+            default = helper.get_attribute_value(attr.default_value)
+            default = default.decode() if isinstance(default, bytes) else default
+            default = tuple(default) if isinstance(default, list) else default
+            assert opdef.attrs[name] == pytest.approx(default), f"{op}.{name}: default {opdef.attrs[name]}"
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    required = {i.name for i in schema.inputs if i.option == single} - LEGACY_OPTIONAL.get(op, set())
+    mine = [n for n in opdef.inputs if not n.endswith(("?", "*"))]
+    assert len(mine) == len(required), f"{op}: required inputs {mine} vs schema {sorted(required)}"
+    assert opdef.max_inputs is None or opdef.max_inputs == len(schema.inputs)
+
+
 def test_class_lists() -> None:
     assert set(REGISTRY.of_class(OpClass.BROADCAST)) == {"Expand", "Tile"}
     assert {"MatMul", "Gemm", "Conv", "ConvTranspose", "MaxPool", "AveragePool", "LSTM", "Einsum", "LRN"} <= set(
