@@ -13,7 +13,6 @@ bound from ``dims``. Every problem is reported as :class:`OnnxImportError`.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +21,8 @@ import numpy as np
 import onnx
 
 from autofusion.frontends.onnx_proto import (
-    DEFAULT_DOMAINS,
     ModelSource,
     OnnxImportError,
-    attribute_value,
     constant_node_value,
     default_opset,
     element_type,
@@ -33,6 +30,14 @@ from autofusion.frontends.onnx_proto import (
     load_model,
     tensor_value,
     upgrade_opset,
+)
+from autofusion.frontends.onnx_structure import (
+    OnnxNode,
+    check_single_definitions,
+    check_supported,
+    live_nodes,
+    read_node,
+    topological,
 )
 from autofusion.ir.graph import Const, FrozenMap, Graph, Node, freeze_attrs
 from autofusion.ir.infer import infer_node
@@ -49,23 +54,6 @@ class _Opset:
 
     version: int
     legacy: bool
-
-
-@dataclass(frozen=True)
-class _OnnxNode:
-    """One ONNX node as plain data: its position, op, tensor names and converted attributes."""
-
-    index: int
-    name: str
-    op: str
-    domain: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: Mapping[str, Any]
-
-    @property
-    def label(self) -> str:
-        return f"node {self.name!r} ({self.op})" if self.name else f"node #{self.index} ({self.op})"
 
 
 def load_onnx(
@@ -93,6 +81,8 @@ def load_onnx(
         raise
     except (ShapeError, UnknownOpError, VerifyError) as e:
         raise OnnxImportError(f"{where}: {e}") from None
+    except (ValueError, TypeError, KeyError, IndexError) as e:  # bad input must not end in a traceback
+        raise OnnxImportError(f"{where}: cannot import: {type(e).__name__}: {e}") from None
 
 
 def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegistry, where: str,
@@ -107,11 +97,11 @@ def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegi
     if len(set(output_names)) != len(output_names):
         raise OnnxImportError(f"{where}: graph outputs repeat a name: {output_names}")
     defined = set(declared) | set(initializers)
-    every_node = [_read_node(i, n) for i, n in enumerate(graph.node)]
-    _check_single_definitions(every_node, defined)
-    nodes = _live_nodes(every_node, output_names)
-    _check_supported(nodes, registry)
-    ordered = _topological(nodes, defined, output_names)
+    every_node = [read_node(i, n) for i, n in enumerate(graph.node)]
+    check_single_definitions(every_node, defined)
+    nodes = live_nodes(every_node, output_names)
+    check_supported(nodes, registry)
+    ordered = topological(nodes, defined, output_names)
     types = _input_types(graph, input_names, dims)
     consts = {name: Const(tensor_value(t, f"initializer {name!r}")) for name, t in initializers.items()}
     consts.update(_fixed_inputs(graph, values))
@@ -152,102 +142,6 @@ class _AnyDims(dict):  # type: ignore[type-arg]
         return 1
 
 
-def _read_node(index: int, proto: onnx.NodeProto) -> _OnnxNode:
-    where = f"node {proto.name!r} ({proto.op_type})" if proto.name else f"node #{index} ({proto.op_type})"
-    attrs = {a.name: attribute_value(a, where) for a in proto.attribute
-             if a.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)}
-    outputs = list(proto.output)
-    while outputs and not outputs[-1]:
-        outputs.pop()  # trailing empty names: optional outputs the model does not want
-    return _OnnxNode(index, proto.name, proto.op_type, proto.domain, tuple(proto.input), tuple(outputs), attrs)
-
-
-def _check_single_definitions(nodes: list[_OnnxNode], defined: set[str]) -> None:
-    seen = set(defined)
-    for n in nodes:
-        for o in n.outputs:
-            if o and o in seen:
-                raise OnnxImportError(f"tensor {o!r} is defined twice ({n.label} and an earlier definition)")
-            seen.add(o)
-
-
-def _live_nodes(nodes: list[_OnnxNode], outputs: Sequence[str]) -> list[_OnnxNode]:
-    """The nodes some graph output depends on, in model order."""
-    producer = {o: n for n in nodes for o in n.outputs if o}
-    live: set[int] = set()
-    stack = [producer[o] for o in outputs if o in producer]
-    while stack:
-        node = stack.pop()
-        if node.index in live:
-            continue
-        live.add(node.index)
-        stack.extend(producer[i] for i in node.inputs if i in producer)
-    return [n for n in nodes if n.index in live]
-
-
-def _check_supported(nodes: list[_OnnxNode], registry: OpRegistry) -> None:
-    missing: Counter[str] = Counter()
-    for n in nodes:
-        if n.domain not in DEFAULT_DOMAINS:
-            missing[f"{n.domain}.{n.op}"] += 1
-        elif n.op not in registry and n.op != "Constant":
-            missing[n.op] += 1
-    if missing:
-        listed = ", ".join(f"{op} (x{count})" for op, count in sorted(missing.items()))
-        raise OnnxImportError(f"unsupported ops: {listed}; autofusion supports {len(registry)} ai.onnx ops "
-                              "(see `autofusion.ops.default_registry().names`)")
-    for n in nodes:
-        if n.op == "Constant":
-            continue
-        known = registry[n.op].attrs
-        unknown = sorted(set(n.attrs) - set(known))
-        if unknown:
-            raise OnnxImportError(f"{n.label}: unknown attribute(s) {unknown} (known: {sorted(known)})")
-
-
-def _topological(nodes: list[_OnnxNode], defined: set[str], outputs: Sequence[str]) -> list[_OnnxNode]:
-    """Nodes in dependency order; dangling inputs and cycles are errors."""
-    producer = {o: n for n in nodes for o in n.outputs if o}
-    for n in nodes:
-        for i in n.inputs:
-            if i and i not in producer and i not in defined:
-                raise OnnxImportError(f"{n.label} reads {i!r}, which no node, graph input or initializer defines")
-    for o in outputs:
-        if o not in producer and o not in defined:
-            raise OnnxImportError(f"graph output {o!r} is not defined by any node, input or initializer")
-    waiting = {n.index: {producer[i].index for i in n.inputs if i in producer} for n in nodes}
-    by_index = {n.index: n for n in nodes}
-    users: dict[int, list[int]] = {}
-    for idx, deps in waiting.items():
-        for d in deps:
-            users.setdefault(d, []).append(idx)
-    ready = sorted(i for i, deps in waiting.items() if not deps)
-    order: list[_OnnxNode] = []
-    while ready:
-        idx = ready.pop(0)
-        order.append(by_index[idx])
-        for u in users.get(idx, []):
-            waiting[u].discard(idx)
-            if not waiting[u]:
-                ready.append(u)
-        ready.sort()
-    if len(order) != len(nodes):
-        stuck = {i for i, deps in waiting.items() if deps}
-        raise OnnxImportError(f"the graph has a cycle: {_cycle(stuck, waiting, by_index)}")
-    return order
-
-
-def _cycle(stuck: set[int], waiting: Mapping[int, set[int]], nodes: Mapping[int, _OnnxNode]) -> str:
-    """One cycle among the stuck nodes, as 'a -> b -> a'."""
-    path: list[int] = []
-    at = min(stuck)
-    while at not in path:
-        path.append(at)
-        at = min(d for d in waiting[at] if d in stuck)
-    loop = path[path.index(at):] + [at]
-    return " -> ".join(nodes[i].label for i in reversed(loop))
-
-
 def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str, int]) -> dict[str, TensorType]:
     by_name = {v.name: v for v in graph.input}
     types: dict[str, TensorType] = {}
@@ -286,7 +180,7 @@ class _Importer:
             name = self.alias[name]
         return name
 
-    def run(self, name: str, inputs: list[str], order: list[_OnnxNode], outputs: list[str]) -> Graph:
+    def run(self, name: str, inputs: list[str], order: list[OnnxNode], outputs: list[str]) -> Graph:
         for n in order:
             self.add(n)
         self.bind_outputs(outputs)
@@ -298,7 +192,7 @@ class _Importer:
         graph = Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), FrozenMap(types), FrozenMap(consts))
         return verify(graph, self.registry)
 
-    def add(self, n: _OnnxNode) -> None:
+    def add(self, n: OnnxNode) -> None:
         inputs = tuple(self.resolve(i) if i else "" for i in n.inputs)
         if n.op == "Constant":
             self.set_const(n.outputs[0], constant_node_value(n.attrs, n.label), n)
@@ -323,7 +217,7 @@ class _Importer:
                 self.types[o] = t
         self.nodes.append(node)
 
-    def legacy_semantics(self, n: _OnnxNode, attrs: dict[str, Any], inputs: tuple[str, ...]) -> None:
+    def legacy_semantics(self, n: OnnxNode, attrs: dict[str, Any], inputs: tuple[str, ...]) -> None:
         """An op of a model left below opset 13 whose meaning changed since: map it or refuse it."""
         if n.op in ("Softmax", "LogSoftmax", "Hardmax") and inputs[0] in self.types:
             rank = self.types[inputs[0]].rank
@@ -336,7 +230,7 @@ class _Importer:
         if n.op == "Concat" and self.opset.version < 4:
             attrs.setdefault("axis", 1)  # the default before opset 4
 
-    def legacy_fixes(self, n: _OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> tuple[str, ...]:
+    def legacy_fixes(self, n: OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> tuple[str, ...]:
         """Semantics the opset converter does not carry over from very old models."""
         if self.opset.legacy:
             self.legacy_semantics(n, attrs, inputs)
@@ -368,7 +262,7 @@ class _Importer:
         return (f"; the value depends on graph input(s) {sorted(sources)}, and static shapes need it known: "
                 f"fix them with values={{{names}}}")
 
-    def fold(self, n: _OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> None:
+    def fold(self, n: OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> None:
         opdef = self.registry[n.op]
         args: list[np.ndarray | None] = []
         for i in inputs:
@@ -388,7 +282,7 @@ class _Importer:
             if o:
                 self.set_const(o, np.asarray(v), n)
 
-    def set_const(self, name: str, value: np.ndarray, n: _OnnxNode) -> None:
+    def set_const(self, name: str, value: np.ndarray, n: OnnxNode) -> None:
         try:
             c = Const(value)
             t = c.type
@@ -397,14 +291,14 @@ class _Importer:
         self.consts[name] = c
         self.types[name] = t
 
-    def freeze(self, n: _OnnxNode, attrs: Mapping[str, Any]) -> Any:
+    def freeze(self, n: OnnxNode, attrs: Mapping[str, Any]) -> Any:
         for k, v in attrs.items():
             if isinstance(v, np.ndarray):
                 raise OnnxImportError(f"{n.label}: tensor attribute {k!r} on a node that does not fold to a "
                                       "constant is not supported")
         return freeze_attrs(attrs)
 
-    def unique_name(self, n: _OnnxNode) -> str:
+    def unique_name(self, n: OnnxNode) -> str:
         base = n.name or f"{n.op.lower()}_{n.index}"
         name, k = base, 1
         while name in self.node_names:
@@ -430,7 +324,7 @@ class _Importer:
                 self.types[o] = self.types[src]
             else:  # a graph input or another output: keep one copy
                 self.nodes.append(Node("Identity", (renames.get(src, src),), (o,), freeze_attrs({}),
-                                       self.unique_name(_OnnxNode(-1, f"identity_{o}", "Identity", "", (), (), {}))))
+                                       self.unique_name(OnnxNode(-1, f"identity_{o}", "Identity", "", (), (), {}))))
                 self.types[o] = self.types[src]
         if renames:
             self.nodes = [n.replace(inputs=tuple(renames.get(i, i) for i in n.inputs),
