@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autofusion.frontends import load_onnx
+from autofusion.frontends import OnnxImportError, load_onnx
 from autofusion.ir import run_graph, verify
 
 
@@ -161,3 +161,14 @@ def test_opset6_prelu_slope_is_per_channel() -> None:
     x = -np.ones((1, 3, 2, 3), np.float32)
     y = run_graph(verify(load_onnx(model)), {"x": x})["y"]
     np.testing.assert_allclose(y[0, :, 0, 0], [-0.1, -0.2, -0.3], rtol=1e-6)
+
+
+def test_a_custom_registry_decides_what_is_supported() -> None:
+    from autofusion.ops import OpRegistry, default_registry
+
+    only_relu = OpRegistry([default_registry()["Relu"]])
+    model = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], [_x()], ["y"])
+    with pytest.raises(OnnxImportError, match=r"unsupported ops: Neg \(x1\)"):
+        load_onnx(model, registry=only_relu)
+    relu_only = _model([helper.make_node("Relu", ["x"], ["y"])], [_x()], ["y"])
+    assert [n.op for n in load_onnx(relu_only, registry=only_relu).nodes] == ["Relu"]

@@ -178,6 +178,8 @@ def _prelu_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
 
 def _batchnorm_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     x = ctx.type(0)
+    if ctx.attr("training_mode", 0):
+        raise ShapeError("BatchNormalization: training mode is not supported (inference graphs only)")
     if x.rank < 2:
         raise ShapeError("BatchNormalization: input must have rank >= 2")
     for i in range(1, 5):
