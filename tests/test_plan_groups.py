@@ -28,7 +28,7 @@ def test_group_io_materialises_only_tensors_used_outside() -> None:
     assert first.nodes == ("mm", "relu")
     assert first.inputs == ("x", "w")
     assert set(first.outputs) == {"mm_out", "relu_out"}  # mm feeds neg outside; relu is a graph output
-    assert second.inputs == ("relu_out", "mm_out")
+    assert second.inputs == ("mm_out", "relu_out")  # in the order the group first reads them
     assert second.outputs == ("add_out",)
     assert first.name.startswith("k0_matmul_relu")
 

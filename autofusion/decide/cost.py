@@ -12,7 +12,6 @@ computed once per use, not once per element of its own.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,9 +98,11 @@ class CostModel(Protocol):
     def group_cost(self, graph: Graph, nodes: Sequence[str]) -> CostBreakdown: ...
 
 
-@functools.lru_cache(maxsize=8)
-def _node_work(graph: Graph, registry: OpRegistry) -> dict[str, tuple[int, int, bool, OpClass, str]]:
-    """Per node: (flops, numel of first output, is view, class, op). Cached per graph value."""
+NodeWork = dict[str, tuple[int, int, bool, OpClass, str]]
+
+
+def node_work(graph: Graph, registry: OpRegistry) -> NodeWork:
+    """Per node: (flops, numel of first output, is view, class, op)."""
     out = {}
     for node in graph.nodes:
         opdef = registry[node.op]
@@ -112,11 +113,10 @@ def _node_work(graph: Graph, registry: OpRegistry) -> dict[str, tuple[int, int, 
     return out
 
 
-def evaluations(graph: Graph, nodes: Sequence[str], registry: OpRegistry) -> dict[str, float]:
+def evaluations(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str, float]:
     """How many elements of each node a kernel of ``nodes`` computes (its own numel when it is
     computed once; more when inlined into a broadcast or a multi-pass reduction)."""
     members = set(nodes)
-    work = _node_work(graph, registry)
     _, outputs = group_io(graph, nodes)
     materialised = set(outputs)
     demand: dict[str, float] = {n: 0.0 for n in nodes}
@@ -149,14 +149,20 @@ class AnalyticCostModel:
         self.profile = profile or HardwareProfile.load("cpu-2core")
         self.registry = registry or default_registry()
         self.name = f"analytic:{self.profile.name}"
+        self._work: tuple[Graph, NodeWork] | None = None  # per graph object: hashing one hashes every weight
+
+    def work(self, graph: Graph) -> NodeWork:
+        if self._work is None or self._work[0] is not graph:
+            self._work = (graph, node_work(graph, self.registry))
+        return self._work[1]
 
     def group_cost(self, graph: Graph, nodes: Sequence[str]) -> CostBreakdown:
-        work = _node_work(graph, self.registry)
+        work = self.work(graph)
         if all(work[n][2] for n in nodes):
             return CostBreakdown(0.0, 0, 0, 0, self.name)  # views move no data and launch nothing
         inputs, outputs = group_io(graph, nodes)
         nbytes = sum(graph.types[t].nbytes for t in inputs) + sum(graph.types[t].nbytes for t in outputs)
-        demand = evaluations(graph, nodes, self.registry)
+        demand = evaluations(graph, nodes, work)
         flops = 0.0
         for n in nodes:
             f, numel, _, _, _ = work[n]

@@ -129,7 +129,7 @@ class PatternCompiler:
 class EClassFacts:
     """What Python knows of each e-class of a snapshot: handles, types, constant values."""
 
-    handles: dict[str, list[str]]  # eclass -> handles
+    handles: dict[str, list[int]]  # eclass -> handles
     types: dict[str, TensorType]
     values: dict[str, np.ndarray]
     consts: set[str]

@@ -19,7 +19,7 @@ import numpy as np
 
 from autofusion.dsl.ir import Literal, OpTerm, PatternRef, Rewrite, RuleSet, Term, Var
 from autofusion.engine.egraph import EggSession, Serialized
-from autofusion.engine.encode import Encoder, attrs_text, f64, multi_output, parse_attrs, quote
+from autofusion.engine.encode import Encoder, Workdir, multi_output, parse_attrs
 from autofusion.engine.match import CompiledPattern, EClassFacts, Match, PatternCompiler, Untranslatable, read_matches
 from autofusion.ir.builder import graph_from_nodes
 from autofusion.ir.graph import Const, Graph, Node, freeze_attrs
@@ -74,7 +74,8 @@ class Saturator:
         self.limits = limits
         self.session = EggSession()
         self.encoder = Encoder(registry)
-        self.handles: dict[str, _Handle] = {}
+        self.handles: dict[int, _Handle] = {}
+        self.workdir = Workdir()
         self.report = SaturationReport()
         self.patterns: list[tuple[Rewrite, Term, Term, CompiledPattern]] = []
         self._applied: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
@@ -83,7 +84,6 @@ class Saturator:
 
     def load(self) -> None:
         enc = self.encoder
-        enc.classes({name: c.ops for name, c in self.rules.classes.items()})
         enc.graph(self.graph)
         for tensor, h in enc.handle_of.items():
             if not tensor:
@@ -97,7 +97,7 @@ class Saturator:
                     if o:
                         self.handles[enc.handle_of[o]].const = True
         compiler = PatternCompiler(self.rules, self.registry)
-        program = ["(ruleset rewrites)"]
+        program = [enc.program(self.workdir.path), class_facts(self.rules, self.workdir.path), "(ruleset rewrites)"]
         for i, rw in enumerate(self.rules.rewrites):
             directions = [(rw.lhs, rw.rhs)] + ([(rw.rhs, rw.lhs)] if rw.bidirectional else [])
             for k, (lhs, rhs) in enumerate(directions):
@@ -110,7 +110,7 @@ class Saturator:
                     continue
                 program.append(cp.program)
                 self.patterns.append((rw, lhs, rhs, cp))
-        self.session.run(enc.commands + program)
+        self.session.run(program)
 
     # -- saturation -----------------------------------------------------------------------------
 
@@ -127,7 +127,7 @@ class Saturator:
             self.session.run_rules("rewrites")
             snapshot = self.session.serialize()
             facts = self.facts(snapshot)
-            commands: list[str] = []
+            applied = 0
             for rw, _lhs, rhs, cp in self.patterns:
                 matches, rejected = read_matches(cp, snapshot, facts, self.registry, rw.guard, rw.name)
                 if rejected:
@@ -137,17 +137,17 @@ class Saturator:
                     if key in self._applied:
                         continue
                     self._applied.add(key)
-                    made = self._instantiate(rw, rhs, m, facts, commands)
+                    made = self._instantiate(rw, rhs, m, facts)
                     if made is None:
                         continue
-                    root = facts.handles[m.root][0]
-                    commands.append(f"(union {root} {made})")
+                    self.encoder.add_union(facts.handles[m.root][0], made)
+                    applied += 1
                     self.report.fired[rw.name] = self.report.fired.get(rw.name, 0) + 1
             self.report.iterations += 1
-            if not commands:
+            if not applied:
                 self.report.stop = "saturated"
                 break
-            self.session.run(commands)
+            self.session.run(self.encoder.program(self.workdir.path))
             self.report.enodes = self.session.size()
             if self.report.enodes > limits.enodes:
                 self.report.stop = "enodes"
@@ -156,9 +156,7 @@ class Saturator:
         self.report.seconds = time.perf_counter() - start
 
     def facts(self, snapshot: Serialized) -> EClassFacts:
-        handles: dict[str, list[str]] = {}
-        for expr_node, name_node in snapshot.rows("handle"):
-            handles.setdefault(snapshot.eclass(expr_node), []).append(str(snapshot.primitive(name_node)))
+        handles = handles_of(snapshot)
         types: dict[str, TensorType] = {}
         values: dict[str, np.ndarray] = {}
         consts: set[str] = set()
@@ -177,12 +175,12 @@ class Saturator:
 
     # -- right sides ----------------------------------------------------------------------------
 
-    def _instantiate(self, rw: Rewrite, rhs: Term, m: Match, facts: EClassFacts, out: list[str]) -> str | None:
+    def _instantiate(self, rw: Rewrite, rhs: Term, m: Match, facts: EClassFacts) -> int | None:
         """Commands creating the right side for match ``m``; its handle, or None if it does not
         type-check (the match is then skipped, like a failing guard)."""
         root_type = facts.types.get(m.root)
         try:
-            h = self._build(rw, rhs, m, facts, out, root_type)
+            h = self._build(rw, rhs, m, facts, root_type)
         except (ShapeError, KeyError, ValueError, TypeError) as e:
             self.report.rejected[rw.name] = self.report.rejected.get(rw.name, 0) + 1
             self.report.skipped.setdefault(f"{rw.name} (instance)", f"right side does not type-check: {e}")
@@ -192,33 +190,27 @@ class Saturator:
             return None
         return h
 
-    def _bind(self, expr: str, info: _Handle, out: list[str]) -> str:
-        h = self.encoder.fresh()
-        out.append(f"(let {h} {expr})")
-        out.append(f"(handle {h} {quote(h)})")
-        self.handles[h] = info
-        return h
-
-    def _build(self, rw: Rewrite, term: Term, m: Match, facts: EClassFacts, out: list[str],
-               like: TensorType | None) -> str:
+    def _build(self, rw: Rewrite, term: Term, m: Match, facts: EClassFacts, like: TensorType | None) -> int:
+        enc = self.encoder
         if isinstance(term, Var):
             if term.name in m.vars:
                 return facts.handles[m.vars[term.name]][0]
             if term.name in m.values:  # an attribute variable used as a tensor: a scalar constant
-                return self._scalar(float(m.values[term.name]), like, out, rw.name)
+                return self._scalar(float(m.values[term.name]), like, rw.name)
             raise KeyError(f"variable {term.name!r} is not bound by the left side")
         if isinstance(term, Literal):
             if isinstance(term.value, tuple):
                 arr = np.array(term.value, dtype=np.int64)
-                text = json.dumps([int(v) for v in term.value], separators=(",", ":"))
-                return self._bind(f"(Vec {quote(text)})", _Handle(TensorType.of(arr), arr, True, rule=rw.name), out)
-            return self._scalar(float(term.value), like, out, rw.name)
+                h = enc.add_vec(arr)
+                self.handles[h] = _Handle(TensorType.of(arr), arr, True, rule=rw.name)
+                return h
+            return self._scalar(float(term.value), like, rw.name)
         if isinstance(term, PatternRef):
             raise ValueError(f"pattern {term.name!r} was not expanded")
         assert isinstance(term, OpTerm)
         if term.op not in self.registry:
             raise ValueError(f"right side uses {term.op!r}, which is not a concrete op")
-        args = [self._build(rw, a, m, facts, out, like) for a in term.args]
+        args = [self._build(rw, a, m, facts, like) for a in term.args]
         attrs: dict[str, Any] = {}
         for a in term.attrs:
             if isinstance(a.value, Var):
@@ -233,30 +225,55 @@ class Saturator:
                     raise KeyError(a.value.name)
             else:
                 attrs[a.name] = a.value
-        node = Node(term.op, tuple(args), ("out",), freeze_attrs(attrs), "rhs")
-        types = {h: self.handles[h].type for h in args if self.handles[h].type is not None}
-        consts = {h: Const(self.handles[h].value) for h in args if self.handles[h].value is not None}
+        keys = [str(h) for h in args]
+        node = Node(term.op, tuple(keys), ("out",), freeze_attrs(attrs), "rhs")
+        types = {str(h): self.handles[h].type for h in args if self.handles[h].type is not None}
+        consts = {str(h): Const(self.handles[h].value) for h in args if self.handles[h].value is not None}
         outs = infer_node(node, types, consts, self.registry)  # type: ignore[arg-type]
-        cons = "(Nil)"
-        for a in reversed(args):
-            cons = f"(Cons {a} {cons})"
-        expr = f"(Op {quote(term.op)} {quote(attrs_text(node.attrs))} {cons})"
         const = bool(args) and all(self.handles[a].const for a in args)
+        op_h = enc.add_op(term.op, node.attrs, args)
         if term.output > 0 or multi_output(self.registry, term.op):
-            op_h = self._bind(expr, _Handle(None, rule=rw.name), out)
-            return self._bind(f"(Proj {op_h} {term.output})", _Handle(outs[term.output], const=const, rule=rw.name), out)
-        return self._bind(expr, _Handle(outs[0], const=const, rule=rw.name), out)
+            self.handles[op_h] = _Handle(None, rule=rw.name)
+            h = enc.add_proj(op_h, term.output)
+            self.handles[h] = _Handle(outs[term.output], const=const, rule=rw.name)
+            return h
+        self.handles[op_h] = _Handle(outs[0], const=const, rule=rw.name)
+        return op_h
 
-    def _scalar(self, value: float, like: TensorType | None, out: list[str], rule: str) -> str:
+    def _scalar(self, value: float, like: TensorType | None, rule: str) -> int:
         dtype = like.dtype if like is not None else DType.FLOAT32
         arr = np.array(value, dtype=dtype.numpy)
-        expr = f"(Num {f64(float(arr))} {quote(str(arr.dtype))} \"[]\")"
-        return self._bind(expr, _Handle(TensorType.of(arr), arr, True, rule=rule), out)
+        h = self.encoder.add_num(float(arr), str(arr.dtype))
+        self.handles[h] = _Handle(TensorType.of(arr), arr, True, rule=rule)
+        return h
+
+
+def handles_of(snapshot: Serialized) -> dict[str, list[int]]:
+    """E-class -> the integer handles (Ref terms) it holds."""
+    out: dict[str, list[int]] = {}
+    for node in snapshot.nodes.values():
+        if node["op"] == "Ref":
+            out.setdefault(str(node["eclass"]), []).append(int(snapshot.primitive(node["children"][0])))
+    return out
+
+
+def class_facts(rules: RuleSet, workdir: str) -> str:
+    """Commands loading op-class membership (the ``in-class`` relation) from a table file."""
+    import os
+
+    path = os.path.join(workdir, "in-class.tsv")
+    rows = [f"{op}\t{cls}" for cls, c in sorted(rules.classes.items()) for op in sorted(c.ops)]
+    with open(path, "w", encoding="ascii") as f:
+        f.write("\n".join(rows) + "\n")
+    return f'(input in-class "{path}")' if rows else ""
 
 
 def saturate_rewrites(graph: Graph, rules: RuleSet, registry: OpRegistry, limits: Limits | None = None) -> RewriteResult:
     """Apply ``rules.rewrites`` to ``graph`` by equality saturation and extract the best graph."""
     sat = Saturator(graph, rules, registry, limits or Limits())
+    if not rules.rewrites:
+        sat.report.stop = "no rewrites"
+        return RewriteResult(graph, sat.report, {}, 0.0)
     sat.load()
     if sat.patterns:
         sat.saturate()
@@ -264,9 +281,13 @@ def saturate_rewrites(graph: Graph, rules: RuleSet, registry: OpRegistry, limits
         sat.report.stop = "no rewrites"
     t0 = time.perf_counter()
     if not sat.report.fired:
+        sat.workdir.close()
         return RewriteResult(graph, sat.report, {}, time.perf_counter() - t0)
-    snapshot = sat.session.serialize()
-    new_graph, provenance = Extractor(sat, snapshot).graph()
+    try:
+        snapshot = sat.session.serialize()
+        new_graph, provenance = Extractor(sat, snapshot).graph()
+    finally:
+        sat.workdir.close()
     return RewriteResult(new_graph, sat.report, provenance, time.perf_counter() - t0)
 
 
@@ -414,11 +435,11 @@ class _Rebuild:
         name = self.names.get(cls)
         g = self.ex.sat.graph
         if op == "In":
-            name = str(self.s.primitive(self.s.children(nid)[0]))
+            name = self.ex.sat.encoder.leaf_name[int(self.s.primitive(self.s.children(nid)[0]))]
             if name and name not in self.inputs:
                 self.inputs.append(name)
         elif op == "Cst":
-            name = str(self.s.primitive(self.s.children(nid)[0]))
+            name = self.ex.sat.encoder.leaf_name[int(self.s.primitive(self.s.children(nid)[0]))]
             self.consts[name] = g.constants[name].array
         elif op in ("Num", "Vec"):
             value = self.ex.facts.values.get(cls)
