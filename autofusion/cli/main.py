@@ -17,6 +17,8 @@ from autofusion.cli.common import EXIT_USAGE, run_guarded
 SUBCOMMANDS: tuple[str, ...] = (
     "autofusion.cli.cmd_info",
     "autofusion.cli.cmd_run",
+    "autofusion.cli.cmd_fuse",
+    "autofusion.cli.cmd_explain",
 )
 
 

@@ -8,16 +8,18 @@ of matching cells along the carried values. Guards are checked on every recorded
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.decide.space import Blocked, FusionSpace, LoopCandidate, Permission
+from autofusion.dsl.guards import holds
 from autofusion.dsl.ir import FusionRule, OpTerm, RuleSet, Term, Var
 from autofusion.engine.egraph import EggSession
 from autofusion.engine.encode import Encoder, Workdir
 from autofusion.engine.loops import chain_cells
-from autofusion.engine.match import EClassFacts, Match, PatternCompiler, Untranslatable, read_matches
+from autofusion.engine.match import EClassFacts, Match, PatternCompiler, Untranslatable, merged_env, read_matches
 from autofusion.engine.rewrite import class_facts, handles_of
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ops.registry import OpRegistry
@@ -58,6 +60,7 @@ class FusionMatcher:
         self.session = EggSession()
         self.encoder = Encoder(registry)
         self.tensor_of: dict[str, str] = {}  # e-class -> tensor
+        self._index = {n.name: i for i, n in enumerate(graph.nodes)}
 
     def run(self) -> FusionSpace:
         start = time.perf_counter()
@@ -120,8 +123,10 @@ class FusionMatcher:
             assert rule is not None
             perm = Permission(rule_ref(rule), rule.template, "branch" if kind == "branch" else "linear", rule.priority)
             all_matches: list[list[Match]] = []
+            # a branch's guard reads every member at once: it is checked when members are combined
+            row_guard = None if kind == "branch" else guard
             for p in patterns:
-                ms, rejected = read_matches(p, snapshot, facts, self.registry, guard, rule.name)
+                ms, rejected = read_matches(p, snapshot, facts, self.registry, row_guard, rule.name)
                 if rejected:
                     self.report.rejected[rule.name] = self.report.rejected.get(rule.name, 0) + rejected
                     if kind == "class":
@@ -216,8 +221,9 @@ class FusionMatcher:
             for m in ms:
                 producers.setdefault(m.root, []).append(m)
         for key, ms in by_shared.items():
+            ms = self._guarded_members(rule, ms)
             roots = list(dict.fromkeys(self._node_of(m.root) for m in ms))
-            roots = [r for r in roots if r]
+            roots = sorted((r for r in roots if r), key=self._index.__getitem__)
             if len(roots) < 2 and key not in producers:
                 continue
             for m in ms:
@@ -235,6 +241,21 @@ class FusionMatcher:
                     first = self._consumer_of(m, key)
                     if first:
                         edges.setdefault((source, first), []).append(perm)
+
+    def _guarded_members(self, rule: FusionRule, ms: list[Match]) -> list[Match]:
+        """Matches that take part in some assignment of distinct matches to the members for which
+        the rule's guard holds (at most a bounded number of assignments is tried)."""
+        if rule.guard is None:
+            return ms
+        members = len(rule.members)
+        kept: dict[int, Match] = {}
+        for combo in itertools.islice(itertools.permutations(ms, min(members, len(ms))), 5000):
+            if len({m.root for m in combo}) == len(combo) and holds(rule.guard, merged_env(list(combo))):
+                for m in combo:
+                    kept[id(m)] = m
+        if not kept:
+            self.report.rejected[rule.name] = self.report.rejected.get(rule.name, 0) + len(ms)
+        return list(kept.values())
 
     def _consumer_of(self, m: Match, shared_class: str) -> str:
         """The node of a member match that reads the shared tensor."""

@@ -142,6 +142,21 @@ class Match:
     vars: dict[str, str]  # pattern variable -> e-class
     ops: list[tuple[OpTerm, str, str, Mapping[str, Any]]]  # (term, value e-class, op, attributes)
     values: dict[str, Any] = field(default_factory=dict)  # attribute variables
+    env: Bindings = field(default_factory=Bindings)  # what a guard sees of this match
+
+
+def merged_env(matches: list[Match]) -> Bindings:
+    """One guard environment for several matches read together (a branch rule's members)."""
+    types: dict[str, TensorType] = {}
+    consts: set[str] = set()
+    attrs: dict[str, Mapping[str, Any]] = {}
+    values: dict[str, Any] = {}
+    for m in matches:
+        types.update(m.env.types)
+        consts |= m.env.consts
+        attrs.update(m.env.attrs)
+        values.update(m.env.values)
+    return Bindings(types=types, consts=frozenset(consts), attrs=attrs, values=values)
 
 
 def read_matches(
@@ -213,11 +228,10 @@ def _check(pattern: CompiledPattern, cells: dict[str, Any], facts: EClassFacts, 
             types[name] = t
         if eclass in facts.consts:
             consts.add(name)
-    if guard is not None:
-        env = Bindings(types=types, consts=frozenset(consts), attrs=captured_attrs, values=values)
-        if not holds(guard, env):
-            return None
-    return Match(rule, cells[pattern.root], vars_, ops, values)
+    env = Bindings(types=types, consts=frozenset(consts), attrs=captured_attrs, values=values)
+    if guard is not None and not holds(guard, env):
+        return None
+    return Match(rule, cells[pattern.root], vars_, ops, values, env)
 
 
 def _same_value(have: Any, want: Any) -> bool:

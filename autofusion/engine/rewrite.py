@@ -137,6 +137,8 @@ class Saturator:
                     if key in self._applied:
                         continue
                     self._applied.add(key)
+                    if isinstance(rhs, Var) and m.vars.get(rhs.name) == m.root:
+                        continue  # already equal: nothing to apply
                     made = self._instantiate(rw, rhs, m, facts)
                     if made is None:
                         continue

@@ -1,0 +1,55 @@
+"""Numbers that describe a plan against its unfused graph: kernels, materialised bytes, cost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from autofusion.decide.plan import FusedGroup, Plan
+from autofusion.ir.graph import Graph
+from autofusion.ops.registry import OpRegistry, default_registry
+
+
+def intermediate_bytes_unfused(graph: Graph, registry: OpRegistry | None = None) -> int:
+    """Bytes written to memory for intermediates when every op is its own kernel (views alias)."""
+    registry = registry or default_registry()
+    outputs = set(graph.outputs)
+    return sum(graph.types[o].nbytes for n in graph.nodes if not registry[n.op].view
+               for o in n.outputs if o and o not in outputs)
+
+
+def intermediate_bytes_fused(graph: Graph, groups: Iterable[FusedGroup]) -> int:
+    """Bytes of intermediates the plan's kernels write (graph outputs and view groups excluded)."""
+    outputs = set(graph.outputs)
+    return sum(graph.types[o].nbytes for g in groups if g.template != "view" for o in g.outputs if o not in outputs)
+
+
+def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) -> dict[str, Any]:
+    """The fuse report's numbers (``source`` is the graph before rewrites)."""
+    stats = plan.stats
+    seconds = {
+        "import": float(stats.get("seconds_import", 0.0)),
+        "saturate": float(stats.get("seconds_saturate", 0.0)),
+        "extract": float(stats.get("seconds_extract", 0.0)),
+    }
+    seconds["total"] = sum(seconds.values()) + float(stats.get("seconds_rules", 0.0))
+    return {
+        "graph": source.name,
+        "strategy": plan.strategy,
+        "cost_model": stats.get("cost_model", ""),
+        "kernels_before": int(stats.get("kernels_source", 0)),
+        "kernels_after": plan.kernels,
+        "intermediate_bytes_before": intermediate_bytes_unfused(source, registry),
+        "intermediate_bytes_after": intermediate_bytes_fused(plan.graph, plan.groups),
+        "cost_before": plan.cost_before.seconds,
+        "cost_after": plan.cost_after.seconds,
+        "cost_breakdown_before": {"bytes": plan.cost_before.bytes, "flops": plan.cost_before.flops,
+                                  "launches": plan.cost_before.launches},
+        "cost_breakdown_after": {"bytes": plan.cost_after.bytes, "flops": plan.cost_after.flops,
+                                 "launches": plan.cost_after.launches},
+        "seconds": seconds,
+        "rewrites_fired": dict(stats.get("saturation", {}).get("fired", {})),
+        "saturation_stop": stats.get("saturation", {}).get("stop", ""),
+        "skipped_rules": dict(stats.get("skipped_rules", {})),
+        "notes": list(stats.get("notes", [])),
+    }
