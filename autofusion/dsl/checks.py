@@ -252,9 +252,13 @@ class RuleChecker:
                                   s.span)
 
     def branch(self, rule: FusionRule, st: Statement) -> None:
-        if len(rule.members) < 2:
-            self.sink.add("F020", f"branch {rule.name} has {len(rule.members)} member(s); a branch fuses "
-                          "two or more consumers", st.span)
+        outputs = len(rule.members) + rule.shared_output
+        if outputs < 2 or not rule.members:
+            self.sink.add("F020", f"branch {rule.name} has {outputs} output(s); a branch fuses two or more "
+                          "consumers of one tensor into one kernel", st.span)
+        if rule.shared_output and rule.shared_term is None:
+            self.sink.add("F020", f"{rule.shared} is an input of branch {rule.name}; only a computed shared "
+                          f"tensor (`branch {rule.shared} = ...`) can be an output", st.span)
         for m in rule.members:
             if not any(isinstance(s, Var) and s.name == rule.shared for s in walk(m)):
                 self.sink.add("F020", f"this member does not consume the shared tensor {rule.shared}", m.span)

@@ -188,6 +188,11 @@ class GraphMaker:
                 slots.append(self.op(a))
             elif isinstance(a, Var) and a.name in self.env.vars:
                 slots.append(self.env.vars[a.name].tensor)
+            elif isinstance(a, Var) and a.name in self.env.attrs:  # an attribute's value as an input
+                value = self.env.attrs[a.name]
+                if isinstance(value, (str, tuple, list)) or value is None:
+                    raise NoInstance(f"attribute {a.name}={value!r} cannot be an input")
+                slots.append(Literal(value))
             else:
                 slots.append(a)
         if t.open:
@@ -253,17 +258,33 @@ class GraphMaker:
         if not fresh:
             yield {}
             return
-        known = [self.types[s].rank for s in slots if isinstance(s, str) and s in self.types
-                 and s not in self.consts]
-        r0 = max(known) if known else 2
-        count = 0
-        limit = CANDIDATES_PER_OP if self.trial.perturbed or len(fresh) > 3 else 200
-        for ranks in self._rank_tuples(fresh, r0):
-            for _ in range(3 if self.trial.perturbed else 1):
-                yield {v.name: self._shape(r) for v, r in zip(fresh, ranks)}
-                count += 1
-                if count >= limit:
-                    return
+        known = [self.types[s] for s in slots if isinstance(s, str) and s in self.types and s not in self.consts]
+        r0 = max((t.rank for t in known), default=2)
+        if self.trial.perturbed:
+            yield from self._perturbed(fresh, r0, [d for t in known for d in t.shape])
+            return
+        limit = CANDIDATES_PER_OP if len(fresh) > 3 else 200
+        for count, ranks in enumerate(self._rank_tuples(fresh, r0)):
+            if count >= limit:
+                return
+            yield {v.name: (self.trial.base,) * r for v, r in zip(fresh, ranks)}
+
+    def _perturbed(self, fresh: list[Var], r0: int, seen: list[int]) -> Iterator[dict[str, tuple[int, ...]]]:
+        """Mixed sizes: drawn from the sizes the op's other inputs have, the base size, and 1."""
+        rng = self.trial.rng
+        n = self.trial.base
+        pool = [*seen, n, n + 1, 1] if seen else [n, n, n + 1, 1, 2 * n]
+        ranks = [self.trial.rank_hints.get(v.name, r0) for v in fresh]
+
+        def draw(rank: int) -> tuple[int, ...]:
+            return tuple(int(pool[int(rng.integers(len(pool)))]) for _ in range(rank))
+
+        for attempt in range(CANDIDATES_PER_OP):
+            if attempt % 2:  # one shape for all fresh inputs of a rank (per-channel parameters)
+                shared = {r: draw(r) for r in set(ranks)}
+                yield {v.name: shared[r] for v, r in zip(fresh, ranks)}
+            else:
+                yield {v.name: draw(r) for v, r in zip(fresh, ranks)}
 
     def _rank_tuples(self, fresh: list[Var], r0: int) -> Iterator[tuple[int, ...]]:
         k = len(fresh)
@@ -283,13 +304,6 @@ class GraphMaker:
         else:
             for _ in range(CANDIDATES_PER_OP):
                 yield tuple(int(r) for r in self.trial.rng.integers(0, MAX_RANK + 1, size=k))
-
-    def _shape(self, rank: int) -> tuple[int, ...]:
-        n = self.trial.base
-        if not self.trial.perturbed:
-            return (n,) * rank
-        pool = [n, n, n, n + 1, 1, 2 * n]
-        return tuple(int(pool[int(self.trial.rng.integers(len(pool)))]) for _ in range(rank))
 
     def _materialize(self, slots: list[Any], shapes: dict[str, tuple[int, ...]]) -> tuple[
             list[str], dict[str, Const], dict[str, TensorType]]:

@@ -48,7 +48,9 @@ Rules
     ``"linear"``: ``pattern: Term`` (the root is the last op of the chain; the whole tree becomes
     one kernel). ``"branch"``: ``shared: str`` (the tensor every member consumes),
     ``shared_term: Term | None`` (what computes it, when the rule says), ``members: tuple[Term,
-    ...]``; one multi-output kernel. ``"loop"``: ``carried: tuple[str, ...]`` and ``body:
+    ...]``; one multi-output kernel. ``shared_output``: the shared tensor itself is also an
+    output of the kernel (written as the bare shared name among the members; it has consumers
+    outside the group, e.g. the next residual add), never a member term. ``"loop"``: ``carried: tuple[str, ...]`` and ``body:
     tuple[Term, ...]`` (``body[i]`` is the next value of ``carried[i]``), ``step_inputs``: the
     per-step inputs (``x[t]``); one kernel that runs the time loop inside. ``"class"``:
     ``consumer`` and ``producer`` (op or class names) and ``host`` (``"producer"``: a consumer of
@@ -209,6 +211,7 @@ class FusionRule:
     shared: str | None = None  # branch
     shared_term: Term | None = None
     members: tuple[Term, ...] = ()
+    shared_output: bool = False  # the shared tensor is also an output of the kernel
     carried: tuple[str, ...] = ()  # loop
     body: tuple[Term, ...] = ()
     step_inputs: tuple[str, ...] = ()

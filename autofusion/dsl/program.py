@@ -167,8 +167,8 @@ def _expand_fusion(node: FusionRule, expander: Expander) -> tuple[FusionRule | N
             body, inherited = whole
             guard = g.conjoin(node.guard, inherited)
             if isinstance(body, Branch):
-                return replace(node, kind="branch", pattern=None, shared=body.shared, shared_term=body.shared_term,
-                               members=body.members, guard=guard), inherited
+                return _export_shared(replace(node, kind="branch", pattern=None, shared=body.shared,
+                                              shared_term=body.shared_term, members=body.members, guard=guard)), inherited
             return replace(node, kind="loop", pattern=None, carried=body.carried, body=body.body,
                            step_inputs=_steps(body.body), guard=guard), inherited
     if node.kind == "linear":
@@ -178,14 +178,22 @@ def _expand_fusion(node: FusionRule, expander: Expander) -> tuple[FusionRule | N
     if node.kind == "branch":
         body, gs = expander.body(Branch(node.shared or "", node.shared_term, node.members))
         inherited = g.conjoin(*gs)
-        return replace(node, shared_term=body.shared_term, members=body.members,
-                       guard=g.conjoin(node.guard, inherited)), inherited
+        return _export_shared(replace(node, shared_term=body.shared_term, members=body.members,
+                                      guard=g.conjoin(node.guard, inherited))), inherited
     if node.kind == "loop":
         body, gs = expander.body(Loop(node.carried, node.body))
         inherited = g.conjoin(*gs)
         return replace(node, body=body.body, step_inputs=_steps(body.body),
                        guard=g.conjoin(node.guard, inherited)), inherited
     return node, None
+
+
+def _export_shared(rule: FusionRule) -> FusionRule:
+    """A member that is the bare shared name means: the shared tensor is also an output."""
+    shared = Var(rule.shared or "")
+    if shared not in rule.members:
+        return rule
+    return replace(rule, members=tuple(m for m in rule.members if m != shared), shared_output=True)
 
 
 def _steps(terms: tuple[Any, ...]) -> tuple[str, ...]:
