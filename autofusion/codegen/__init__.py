@@ -1,0 +1,27 @@
+"""Code generation: fused groups rendered through jinja2 templates into C kernels and SuperKernels."""
+
+from autofusion.codegen.buffers import BufferPlan, Placement, plan_buffers
+from autofusion.codegen.errors import CodegenError
+from autofusion.codegen.kernel import KernelSource, Param
+from autofusion.codegen.kernels import TEMPLATES, render_group
+from autofusion.codegen.names import NameTable, c_comment, c_ident
+from autofusion.codegen.superkernel import LibrarySource, render_plan, render_unfused
+from autofusion.codegen.templates import TemplateSet
+
+__all__ = [
+    "TEMPLATES",
+    "BufferPlan",
+    "CodegenError",
+    "KernelSource",
+    "LibrarySource",
+    "NameTable",
+    "Param",
+    "Placement",
+    "TemplateSet",
+    "c_comment",
+    "c_ident",
+    "plan_buffers",
+    "render_group",
+    "render_plan",
+    "render_unfused",
+]

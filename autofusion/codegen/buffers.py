@@ -1,0 +1,152 @@
+"""The buffer planner: where every tensor of a plan lives while the SuperKernel runs.
+
+Graph inputs and outputs live in the caller's arrays and constants in the context; a view group's
+output aliases its input's buffer. Every other materialised tensor, and each group's scratch, gets
+an offset in one workspace: live ranges are measured in group steps (from the producing group to
+the last group reading it or any view of it) and offsets are chosen greedily, largest tensor first,
+in the smallest gap that fits among the tensors whose live ranges overlap (best fit). The peak of
+the workspace is the plan's activation memory.
+
+>>> # plan_buffers(plan, scratch={"k0_matmul_add": 0}).workspace_bytes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autofusion.decide.plan import Plan
+from autofusion.ir.graph import FrozenMap
+
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one tensor lives: ``kind`` is input, output, const, workspace or alias."""
+
+    tensor: str
+    kind: str
+    index: int = 0  # input/output/const position, or workspace byte offset
+    base: str = ""  # for an alias: the tensor whose buffer it shares
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A workspace block: ``nbytes`` live from group step ``start`` to ``end`` (inclusive)."""
+
+    name: str
+    nbytes: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """Every tensor's placement, each group's scratch offset, and the workspace size (peak)."""
+
+    placements: FrozenMap[str, Placement]
+    scratch: FrozenMap[str, int]  # group name -> workspace offset of its scratch
+    workspace_bytes: int
+    view_copies: FrozenMap[str, tuple[tuple[str, int], ...]]  # group -> (source tensor, output index)
+    final_copies: tuple[tuple[str, int], ...]  # (source tensor, output index) after the last group
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak activation memory: intermediate tensors and scratch, excluding inputs, outputs, weights."""
+        return self.workspace_bytes
+
+
+def _aligned(n: int) -> int:
+    return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
+
+
+def best_fit(blocks: list[Interval]) -> tuple[dict[str, int], int]:
+    """Offsets for ``blocks`` so that blocks live at the same time never overlap; and the peak."""
+    order = sorted(blocks, key=lambda b: (-b.nbytes, b.start, b.name))
+    placed: list[tuple[Interval, int]] = []
+    offsets: dict[str, int] = {}
+    peak = 0
+    for b in order:
+        size = _aligned(b.nbytes)
+        busy = sorted((off, off + _aligned(p.nbytes)) for p, off in placed if p.start <= b.end and b.start <= p.end)
+        best: tuple[int, int] | None = None  # (gap size, offset)
+        cursor = 0
+        for lo, hi in busy:
+            if lo - cursor >= size and (best is None or lo - cursor < best[0]):
+                best = (lo - cursor, cursor)
+            cursor = max(cursor, hi)
+        offset = best[1] if best is not None else cursor
+        offsets[b.name] = offset
+        placed.append((b, offset))
+        peak = max(peak, offset + size)
+    return offsets, peak
+
+
+def plan_buffers(plan: Plan, scratch: Mapping[str, int]) -> BufferPlan:
+    """Place every tensor of ``plan``; ``scratch`` gives each group's scratch bytes."""
+    g = plan.graph
+    place: dict[str, Placement] = {}
+    for i, t in enumerate(g.inputs):
+        place[t] = Placement(t, "input", i, nbytes=g.types[t].nbytes)
+    for i, t in enumerate(g.constants):
+        place[t] = Placement(t, "const", i, nbytes=g.types[t].nbytes)
+    out_index: dict[str, int] = {}
+    final_copies: list[tuple[str, int]] = []
+    for i, t in enumerate(g.outputs):
+        if t in out_index or t in place:
+            final_copies.append((t, i))  # duplicate output, or an input/constant returned as is
+        else:
+            out_index[t] = i
+
+    root: dict[str, str] = {}
+    start: dict[str, int] = {}
+    view_copies: dict[str, list[tuple[str, int]]] = {}
+    for step, group in enumerate(plan.groups):
+        if group.template == "view":
+            for name in group.nodes:
+                node = g.node_by_name[name]
+                src = root.get(node.inputs[0], node.inputs[0])
+                for out in node.outputs:
+                    if not out:
+                        continue
+                    root[out] = src
+                    if out in out_index:
+                        view_copies.setdefault(group.name, []).append((out, out_index[out]))
+            continue
+        for t in group.outputs:
+            if t in out_index:
+                place[t] = Placement(t, "output", out_index[t], nbytes=g.types[t].nbytes)
+            else:
+                start[t] = step
+
+    last: dict[str, int] = dict(start)
+    for step, group in enumerate(plan.groups):
+        reads = list(group.inputs)
+        if group.template == "view":
+            reads = [g.node_by_name[n].inputs[0] for n in group.nodes]
+        for t in reads:
+            r = root.get(t, t)
+            if r in last:
+                last[r] = max(last[r], step)
+
+    blocks = [Interval(t, g.types[t].nbytes, start[t], last[t]) for t in start]
+    blocks += [Interval(f"scratch:{grp.name}", scratch.get(grp.name, 0), i, i)
+               for i, grp in enumerate(plan.groups) if scratch.get(grp.name, 0) > 0]
+    offsets, peak = best_fit(blocks)
+    for t in start:
+        place[t] = Placement(t, "workspace", offsets[t], nbytes=g.types[t].nbytes)
+    for t, r in root.items():
+        if t in out_index:
+            place[t] = Placement(t, "output", out_index[t], base=r, nbytes=g.types[t].nbytes)
+        else:
+            place[t] = Placement(t, "alias", 0, base=r, nbytes=g.types[t].nbytes)
+    return BufferPlan(
+        FrozenMap(place),
+        FrozenMap((grp.name, offsets[f"scratch:{grp.name}"]) for grp in plan.groups
+                  if f"scratch:{grp.name}" in offsets),
+        peak,
+        FrozenMap((k, tuple(v)) for k, v in view_copies.items()),
+        tuple(final_copies),
+    )

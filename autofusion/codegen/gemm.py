@@ -1,0 +1,364 @@
+"""MatMul / Gemm with a fused epilogue (``gemm_epilogue``) and several projections of one input
+(``horizontal_gemm``).
+
+The core calls OpenBLAS's ``sgemm`` (``scipy_cblas_sgemm``) on tiles of the output, tiles in
+parallel with BLAS on one thread each; right after a tile's sgemm, while it is in cache, the
+epilogue (bias, activation, residual, scaling, ...) runs on that tile and writes the group's
+outputs. Operands that are transposed or reshaped views of a buffer are passed to BLAS through
+strides (no copy); other operands are computed into scratch first. Outputs that do not line up
+with the tiles (a transpose after the MatMul, a reduction over it) are computed after the
+tiles from the full product.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autofusion.codegen import index as ix
+from autofusion.codegen.ctype import literal
+from autofusion.codegen.index import Index
+from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
+from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.loopnest import LoopNest, op_handlers
+from autofusion.codegen.names import c_comment_text
+from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view
+from autofusion.ir.graph import Node
+from autofusion.ir.types import DType
+from autofusion.ops.registry import broadcast_shapes
+
+TILE_M = 64
+TILE_N = 256
+PARALLEL_MIN_FLOPS = 1 << 19  # smaller products run on one thread
+
+
+@dataclass
+class _Segment:
+    """One MatMul/Gemm core and the outputs computed on its tiles."""
+
+    node: Node
+    y: str
+    a: StridedView  # batch + (M, K)
+    b: StridedView  # batch + (K, N)
+    alpha: float
+    c_input: str
+    beta: float
+    drop_m: bool
+    drop_n: bool
+    batch: tuple[int, ...] = ()
+    flat: bool = False  # batch folded into M (B has no batch axes, A's rows are evenly strided)
+    row_stride_a: int = 0
+    targets: list[tuple[str, str]] = field(default_factory=list)
+    ybuf: str = ""  # full buffer holding Y (an output, or scratch when late outputs need it)
+
+    @property
+    def rows(self) -> int:
+        """Rows per sgemm call: M, or all batch rows when the batch is folded into M."""
+        return self.a.shape[-2] * (math.prod(self.batch) if self.flat else 1)
+
+    @property
+    def calls(self) -> int:
+        return 1 if self.flat else math.prod(self.batch)
+
+    @property
+    def n(self) -> int:
+        return self.b.shape[-1]
+
+    @property
+    def k(self) -> int:
+        return self.a.shape[-1]
+
+
+class _Gemm:
+    def __init__(self, k: KernelContext, nodes: list[Node], cores: list[Node]) -> None:
+        self.k = k
+        self.g = k.graph
+        self.members = frozenset(n.name for n in nodes)
+        self.cores = cores
+        self.non_core = frozenset(n.name for n in nodes if n not in cores)
+        self.handlers = op_handlers()
+        self.prologue: list[str] = []
+        self.epilogue: list[str] = []
+        k.uses_blas = True
+
+    # -- operands ---------------------------------------------------------------------------------
+
+    def _scratch_copy(self, tensor: str) -> StridedView:
+        """Compute ``tensor`` into scratch with the loop-nest engine; its contiguous view."""
+        t = self.g.types[tensor]
+        off = self.k.scratch(t.nbytes)
+        ptr = f"((float*)(scratch + {off}))"
+        self.prologue.append(LoopNest(self.k, self.non_core, handlers=self.handlers).render([(tensor, ptr)]))
+        return contiguous_view(ptr, t.shape)
+
+    def _operand(self, tensor: str) -> StridedView:
+        if self.g.types[tensor].dtype != DType.FLOAT32:
+            raise self.k.error(f"MatMul operands must be float32, {tensor!r} is {self.g.types[tensor].dtype}")
+        view = strided_view(self.g, self.non_core, tensor, self.k.pointer)
+        return view if view is not None else self._scratch_copy(tensor)
+
+    @staticmethod
+    def _as_matrix(view: StridedView, which: str) -> StridedView:
+        """A 1-D operand as a 1 x K row (A) or K x 1 column (B)."""
+        if len(view.shape) != 1:
+            return view
+        if which == "a":
+            return StridedView(view.ptr, (1,) + view.shape, (0,) + view.strides, view.offset)
+        return StridedView(view.ptr, view.shape + (1,), view.strides + (0,), view.offset)
+
+    def _oriented(self, node: Node, view: StridedView, which: str) -> StridedView:
+        view = self._as_matrix(view, which)
+        if node.op == "Gemm" and node.attrs.get("transA" if which == "a" else "transB", 0):
+            view = view.transposed_last2()
+        return view
+
+    def segment(self, node: Node, b_override: StridedView | None = None) -> _Segment:
+        a_t, b_t = node.inputs[0], node.inputs[1]
+        a = self._oriented(node, self._operand(a_t), "a")
+        b = b_override or self._oriented(node, self._operand(b_t), "b")
+        alpha, beta, c_input = 1.0, 1.0, ""
+        if node.op == "Gemm":
+            alpha = float(node.attrs.get("alpha", 1.0))
+            beta = float(node.attrs.get("beta", 1.0))
+            c_input = node.inputs[2] if len(node.inputs) > 2 else ""
+        drop_m, drop_n = self.g.types[a_t].rank == 1, self.g.types[b_t].rank == 1
+        seg = _Segment(node, node.outputs[0], a, b, alpha, c_input, beta, drop_m, drop_n)
+        seg.batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        self._fold_batch(seg)
+        for which, tensor in (("a", a_t), ("b", b_t)):
+            if self._layout(seg, which) is None:  # strides BLAS cannot take: copy the operand first
+                setattr(seg, which, self._oriented(node, self._scratch_copy(tensor), which))
+                self._fold_batch(seg)
+        return seg
+
+    def _fold_batch(self, seg: _Segment) -> None:
+        """Fold the batch into M when B has no batch axes and A's rows are evenly strided."""
+        a, b = seg.a, seg.b
+        seg.flat = False
+        seg.row_stride_a = a.strides[-2]
+        if not seg.batch or any(s for s, n in zip(b.strides[:-2], b.shape[:-2]) if n != 1):
+            return
+        lead = len(seg.batch) - (len(a.shape) - 2)
+        dims = [(n, a.strides[d - lead] if d >= lead and a.shape[d - lead] != 1 else 0)
+                for d, n in enumerate(seg.batch)] + [(a.shape[-2], a.strides[-2])]
+        live = [(n, s) for n, s in dims if n != 1]
+        if not live:
+            seg.flat, seg.row_stride_a = True, max(a.shape[-1], 1)
+            return
+        expected = step = live[-1][1]
+        for n, s in reversed(live):
+            if s != expected:
+                return
+            expected *= n
+        seg.flat, seg.row_stride_a = True, step
+
+    def _layout(self, seg: _Segment, which: str) -> tuple[bool, int] | None:
+        if which == "a":
+            rows = seg.a.shape[-2] * (math.prod(seg.batch) if seg.flat else 1)
+            return blas_layout(rows, seg.a.shape[-1], seg.row_stride_a, seg.a.strides[-1])
+        return blas_layout(seg.b.shape[-2], seg.b.shape[-1], seg.b.strides[-2], seg.b.strides[-1])
+
+    # -- outputs ----------------------------------------------------------------------------------
+
+    def _depends_on(self, tensor: str, core: str, seen: dict[str, bool]) -> bool:
+        if tensor in seen:
+            return seen[tensor]
+        node = self.g.producers.get(tensor)
+        hit = False
+        if node is not None and node.name in self.members:
+            hit = node.name == core or any(self._depends_on(t, core, seen) for t in node.inputs if t)
+        seen[tensor] = hit
+        return hit
+
+    def y_index(self, seg: _Segment) -> Index:
+        return tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(self.g.types[seg.y].shape))
+
+    def _c_term(self, seg: _Segment, idx: Index, inl: Inliner, block: Block) -> str:
+        if not seg.c_input:
+            return ""
+        c = inl.value(seg.c_input, ix.broadcast(idx, self.g.types[seg.y].shape, self.g.types[seg.c_input].shape),
+                      block)
+        return f" + {c}" if seg.beta == 1.0 else f" + {literal(seg.beta, DType.FLOAT32)} * {c}"
+
+    def _tile_override(self, seg: _Segment, ldc: int, inl: Inliner) -> Override:
+        expected = self.y_index(seg)
+
+        def override(idx: Index, block: Block) -> str:
+            if tuple(idx) != expected:
+                raise Misaligned(seg.y)
+            return f"c[mi * {ldc} + ni]" + self._c_term(seg, idx, inl, block)
+
+        return override
+
+    def _full_override(self, seg: _Segment) -> Override:
+        shape = self.g.types[seg.y].shape
+        return lambda idx, block: f"{seg.ybuf}[{ix.linear(idx, shape)}]"
+
+    # -- rendering --------------------------------------------------------------------------------
+
+    def render(self, segments: list[_Segment]) -> str:
+        outputs = list(self.k.group.outputs)
+        core_names = {s.node.name: s for s in segments}
+        late: list[tuple[str, str]] = []
+        early: list[tuple[str, str]] = []
+        for t in outputs:
+            owners = [s for s in segments if self._depends_on(t, s.node.name, {})]
+            dest = self.k.pointer(t)
+            if not owners:
+                early.append((t, dest))
+            elif len(owners) == 1 and self._aligned(owners[0], t):
+                owners[0].targets.append((t, dest))
+            else:
+                late.append((t, dest))
+        late_needs = {s.node.name for s in segments for t, _ in late if self._depends_on(t, s.node.name, {})}
+        for s in segments:
+            if s.y in outputs:
+                s.ybuf = self.k.pointer(s.y)
+            elif s.node.name in late_needs:
+                off = self.k.scratch(self.g.types[s.y].nbytes)
+                s.ybuf = f"((float*)(scratch + {off}))"
+                if s.c_input:
+                    s.targets.insert(0, (s.y, s.ybuf))
+        if early:
+            self.prologue.append(LoopNest(self.k, self.non_core, handlers=self.handlers).render(early))
+        seg_data = [self._segment_data(s) for s in segments]
+        tile_floats = max((TILE_M * TILE_N for s in segments if not s.ybuf), default=0)
+        flops = sum(2 * s.rows * s.n * s.k * s.calls for s in segments)
+        tiles = sum(d["tiles"] for d in seg_data)
+        if late:
+            overrides = {s.y: self._full_override(s) for s in segments if s.ybuf}
+            members = self.members - set(core_names)
+            self.epilogue.append(LoopNest(self.k, frozenset(members), overrides=overrides,
+                                          handlers=self.handlers).render(late))
+        ops = " -> ".join(self.g.node_by_name[n].op for n in self.k.group.nodes)
+        return self.k.templates.render(
+            "gemm_epilogue.c.j2",
+            comment=c_comment_text(f"sgemm tiles of {TILE_M}x{TILE_N} with the epilogue per tile: {ops}"),
+            prologue=self.prologue, epilogue=self.epilogue, segments=seg_data,
+            parallel=tiles > 1 and flops >= PARALLEL_MIN_FLOPS, tile_floats=tile_floats)
+
+    def _aligned(self, seg: _Segment, tensor: str) -> bool:
+        if self.g.types[tensor].shape != self.g.types[seg.y].shape:
+            return False
+        probe = LoopNest(self.k, self.non_core, handlers=self.handlers)
+        if probe.reductions_behind(tensor):
+            return False
+        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers)
+        inl.overrides[seg.y] = self._tile_override(seg, 1, inl)
+        try:
+            inl.value(tensor, self.y_index(seg), Block())
+        except Misaligned:
+            return False
+        return True
+
+    def _segment_data(self, seg: _Segment) -> dict[str, object]:
+        y_shape = self.g.types[seg.y].shape
+        m_rows = seg.a.shape[-2]
+        m_total = seg.rows
+        n, kk = seg.n, seg.k
+        mb = m_total if m_total <= TILE_M * 3 // 2 else TILE_M
+        nb = n if n <= TILE_N * 3 // 2 else TILE_N
+        mb, nb = max(mb, 1), max(nb, 1)
+        tiles_m, tiles_n = -(-m_total // mb), -(-n // nb)
+        n_batch = seg.calls
+        ta, lda = self._layout(seg, "a") or (False, 1)
+        tb, ldb = self._layout(seg, "b") or (False, 1)
+        # which Y dimension is the batch axis d, the M axis, the N axis
+        nbatch = len(seg.batch)
+        m_dim = None if seg.drop_m else nbatch
+        n_dim = None if seg.drop_n else nbatch + (0 if seg.drop_m else 1)
+        batch_lines: list[str] = []
+        row_lines: list[str] = []
+        a_terms, b_terms, y_batch = str(seg.a.offset), str(seg.b.offset), "0"
+        if seg.flat:
+            sizes = list(seg.batch) + [m_rows]
+            exprs = ix.delinear("r", sizes)
+            row_lines.append("const int64_t r = m0 + mi;")
+            for d, e in zip(list(range(nbatch)) + [m_dim], exprs):
+                if d is not None and y_shape[d] > 1:
+                    row_lines.append(f"const int64_t i{d} = {e};")
+        else:
+            for d, e in zip(range(nbatch), ix.delinear("b", list(seg.batch))):
+                if seg.batch[d] > 1:
+                    batch_lines.append(f"const int64_t i{d} = {e};")
+            bvars = tuple("0" if nn == 1 else f"i{d}" for d, nn in enumerate(seg.batch))
+            a_terms = ix.add(a_terms, self._batch_offset(bvars, seg.batch, seg.a))
+            b_terms = ix.add(b_terms, self._batch_offset(bvars, seg.batch, seg.b))
+            y_batch = ix.mul("b", m_rows * n)
+            if m_dim is not None and y_shape[m_dim] > 1:
+                row_lines.append(f"const int64_t i{m_dim} = m0 + mi;")
+        col_lines = [f"const int64_t i{n_dim} = n0 + ni;"] if n_dim is not None and y_shape[n_dim] > 1 else []
+        a_ptr = f"{seg.a.ptr} + {ix.paren(ix.add(a_terms, ix.mul('m0', seg.row_stride_a)))}"
+        b_ptr = f"{seg.b.ptr} + {ix.paren(ix.add(b_terms, ix.mul('n0', seg.b.strides[-1])))}"
+        if seg.ybuf:
+            c_ptr, ldc = f"{seg.ybuf} + {ix.paren(ix.add(y_batch, ix.add(ix.mul('m0', n), 'n0')))}", n
+        else:
+            c_ptr, ldc = "tile", nb
+        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers)
+        inl.overrides[seg.y] = self._tile_override(seg, ldc, inl)
+        body = Block()
+        idx = self.y_index(seg)
+        for t, dest in seg.targets:
+            if t == seg.y and not seg.c_input and dest == seg.ybuf:
+                continue  # the sgemm already wrote it
+            v = inl.value(t, idx, body)
+            body.emit(f"{dest}[{ix.linear(idx, y_shape)}] = {v};")
+        return {
+            "comment": c_comment_text(
+                f"{seg.node.op} {seg.node.name}: {n_batch} x [{m_total} x {kk}] @ [{kk} x {n}] -> {seg.y}"),
+            "tiles": n_batch * tiles_m * tiles_n, "tiles_m": tiles_m, "tiles_n": tiles_n, "mb": mb, "nb": nb,
+            "m": m_total, "n": n, "k": kk, "alpha": literal(seg.alpha, DType.FLOAT32),
+            "ta": "CblasTrans" if ta else "CblasNoTrans", "tb": "CblasTrans" if tb else "CblasNoTrans",
+            "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
+            "batch_lines": batch_lines, "row_lines": row_lines, "col_lines": col_lines, "body": body.lines,
+        }
+
+    @staticmethod
+    def _batch_offset(bvars: Index, batch: tuple[int, ...], view: StridedView) -> str:
+        lead = len(batch) - (len(view.shape) - 2)
+        out = "0"
+        for d in range(len(batch)):
+            vd = d - lead
+            if vd >= 0 and view.shape[vd] != 1:
+                out = ix.add(out, ix.mul(bvars[d], view.strides[vd]))
+        return out
+
+
+def render_gemm(k: KernelContext, nodes: list[Node], core: Node) -> str:
+    """Body of a ``gemm_epilogue`` group around ``core`` (MatMul or Gemm)."""
+    gm = _Gemm(k, nodes, [core])
+    return gm.render([gm.segment(core)])
+
+
+def render_horizontal(k: KernelContext, nodes: list[Node]) -> str:
+    """Body of a ``horizontal_gemm`` group: MatMuls sharing input A, weights concatenated once."""
+    cores = [n for n in nodes if n.op in ("MatMul", "Gemm")]
+    if not cores:
+        raise k.error("template 'horizontal_gemm' needs MatMul or Gemm nodes")
+    shared = {n.inputs[0] for n in cores}
+    if len(shared) != 1 or any(n.op == "Gemm" and n.attrs.get("transA", 0) for n in cores):
+        raise k.error("template 'horizontal_gemm' needs MatMuls that share their first input "
+                      f"(got {sorted(shared)})")
+    gm = _Gemm(k, nodes, cores)
+    weights = [_constant_weight(k, n) for n in cores]
+    overrides: list[StridedView | None] = [None] * len(cores)
+    if all(w is not None for w in weights):
+        mats = [w for w in weights if w is not None]
+        if len({w.shape[0] for w in mats}) == 1:
+            cat = np.ascontiguousarray(np.concatenate(mats, axis=1).astype(np.float32))
+            ptr = k.derived_constant("weights_cat", cat)
+            total, off = cat.shape[1], 0
+            for i, w in enumerate(mats):
+                overrides[i] = StridedView(ptr, w.shape, (total, 1), off)
+                off += w.shape[1]
+    return gm.render([gm.segment(n, overrides[i]) for i, n in enumerate(cores)])
+
+
+def _constant_weight(k: KernelContext, node: Node) -> np.ndarray | None:
+    """The [K, N] weight of a MatMul/Gemm when it is a 2-D constant (transposed for transB)."""
+    w = k.graph.const_value(node.inputs[1])
+    if w is None or w.ndim != 2 or w.dtype != np.float32:
+        return None
+    return w.T if node.op == "Gemm" and node.attrs.get("transB", 0) else w

@@ -1,0 +1,160 @@
+"""One rendered kernel and the context its renderer fills in while generating it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autofusion.codegen.ctype import ctype, literal
+from autofusion.codegen.errors import CodegenError
+from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.templates import TemplateSet
+from autofusion.decide.plan import FusedGroup
+from autofusion.ir.graph import Graph, Node
+from autofusion.ir.types import TensorType
+from autofusion.ops.registry import OpRegistry
+
+SCRATCH_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Param:
+    """One pointer argument of a kernel function."""
+
+    tensor: str  # the graph tensor it points to; for derived constants, a descriptive label
+    ident: str  # its C name inside the kernel
+    ctype: str
+    role: str  # "in", "out" or "derived" (a constant computed at build time, e.g. folded weights)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelSource:
+    """A group rendered as one C function ``void name(params..., char* scratch, int nt)``."""
+
+    name: str
+    group: FusedGroup
+    code: str
+    params: tuple[Param, ...]
+    scratch_bytes: int
+    derived: tuple[tuple[str, np.ndarray], ...] = ()  # (param ident, array) of derived constants
+    uses_blas: bool = False
+
+    def signature_args(self) -> str:
+        return ", ".join(p.ident for p in self.params)
+
+
+@dataclass
+class KernelContext:
+    """Mutable state of rendering one group: parameters used, scratch, fresh names, derived constants."""
+
+    graph: Graph
+    registry: OpRegistry
+    group: FusedGroup
+    templates: TemplateSet
+    names: NameTable = field(default_factory=NameTable)
+    used: dict[str, str] = field(default_factory=dict)  # tensor -> ident, for referenced tensors
+    derived: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (label, ident, array)
+    scratch_bytes: int = 0
+    uses_blas: bool = False
+    _counter: int = 0
+
+    # -- tensors ----------------------------------------------------------------------------------
+
+    def type(self, tensor: str) -> TensorType:
+        return self.graph.types[tensor]
+
+    def ctype_of(self, tensor: str) -> str:
+        return ctype(self.type(tensor).dtype, f"group {self.group.name}: tensor {tensor!r}")
+
+    def producer(self, tensor: str) -> Node | None:
+        return self.graph.producers.get(tensor)
+
+    def uniform_literal(self, tensor: str) -> str | None:
+        """A C literal for a constant whose elements are all equal (scalars, filled tensors)."""
+        arr = self.graph.const_value(tensor)
+        if arr is None or arr.size == 0 or arr.size > 1 << 20:
+            return None
+        flat = arr.reshape(-1)
+        first = flat[0]
+        if arr.size > 1 and not (np.all(flat == first) or (np.all(np.isnan(flat)) if flat.dtype.kind == "f" else False)):
+            return None
+        return literal(first, self.type(tensor).dtype)
+
+    def pointer(self, tensor: str) -> str:
+        """The kernel parameter pointing at ``tensor`` (a group input or output)."""
+        if tensor not in self.group.inputs and tensor not in self.group.outputs:
+            raise self.error(f"tensor {tensor!r} is read from memory but is neither an input nor an output "
+                             "of the group (inconsistent plan)")
+        ident = self.used.get(tensor)
+        if ident is None:
+            ident = self.used[tensor] = self.names(tensor)
+        return ident
+
+    def derived_constant(self, label: str, array: np.ndarray) -> str:
+        """A parameter for a constant computed at build time (folded or concatenated weights)."""
+        for lab, ident, _ in self.derived:
+            if lab == label:
+                return ident
+        ident = self.names(f"d_{self.group.name}_{label}")
+        self.derived.append((label, ident, np.ascontiguousarray(array)))
+        return ident
+
+    # -- scratch and names -------------------------------------------------------------------------
+
+    def fresh(self, prefix: str = "v") -> str:
+        self._counter += 1
+        return f"{prefix}{self._counter}"
+
+    def scratch(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` of the group's scratch memory; returns the byte offset."""
+        offset = self.scratch_bytes
+        self.scratch_bytes += (nbytes + SCRATCH_ALIGN - 1) // SCRATCH_ALIGN * SCRATCH_ALIGN
+        return offset
+
+    # -- errors -----------------------------------------------------------------------------------
+
+    def error(self, message: str, node: Node | None = None) -> CodegenError:
+        return group_error(self.group, message, node)
+
+    # -- result -----------------------------------------------------------------------------------
+
+    def params(self) -> tuple[Param, ...]:
+        """Referenced tensors in a canonical order: inputs, outputs, then derived constants."""
+        out: list[Param] = []
+        for t in self.group.inputs:
+            if t in self.used and t not in self.group.outputs:
+                out.append(Param(t, self.used[t], self.ctype_of(t), "in"))
+        for t in self.group.outputs:
+            out.append(Param(t, self.pointer(t), self.ctype_of(t), "out"))
+        for label, ident, arr in self.derived:
+            out.append(Param(label, ident, _array_ctype(arr), "derived"))
+        return tuple(out)
+
+
+def _array_ctype(arr: np.ndarray) -> str:
+    from autofusion.ir.types import DType
+
+    return ctype(DType.of(arr))
+
+
+def group_error(group: FusedGroup, message: str, node: Node | None = None) -> CodegenError:
+    """A CodegenError naming the group, the node and op, and the rules that formed the group."""
+    where = f"group {group.name!r} (template {group.template!r}"
+    if group.rules:
+        where += ", rules " + ", ".join(str(r) for r in group.rules)
+    where += ")"
+    if node is not None:
+        where += f", node {node.name!r} ({node.op})"
+    return CodegenError(f"{where}: {message}")
+
+
+def group_comment(graph: Graph, group: FusedGroup) -> list[str]:
+    """Comment lines above a kernel: its ops, template, and the rules (file:line) that formed it."""
+    ops = " -> ".join(graph.node_by_name[n].op for n in group.nodes)
+    lines = [f"{group.name}: {ops}", f"template {group.template}, kind {group.kind}, {len(group.nodes)} node(s)"]
+    if group.rules:
+        lines.append("rules: " + "; ".join(str(r) for r in group.rules))
+    else:
+        lines.append("rules: none (single op)" if len(group.nodes) == 1 else "rules: none given")
+    return [c_comment_text(line) for line in lines]

@@ -1,0 +1,382 @@
+"""The loop-nest engine behind the pointwise, reduction and multi-output templates.
+
+Given the nodes of a group and the tensors to write, it emits:
+
+1. one *stage* per reduction the targets depend on (topological order): a loop over rows, in
+   parallel, that runs the reduction's passes over the row (the prologue inlined per element, kept
+   in a per-thread row buffer when it is not a plain load), then writes every target that lines
+   up with the row: outputs of the input's shape (the epilogue: normalised values, residual adds,
+   the prologue itself when it is materialised) and outputs of the reduced shape;
+2. one plain loop nest per shape for the remaining targets, several outputs of one shape sharing
+   one nest and its common subexpressions (multi-output fusion).
+
+A reduction read away from its own row (through a transpose, say) is taken from per-row
+statistics kept in scratch memory, so every placement of targets is correct; the aligned one is
+merely the fast one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autofusion.codegen import index as ix
+from autofusion.codegen.index import Index
+from autofusion.codegen.inliner import Block, Handler, Inliner, Misaligned, Override
+from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.names import c_comment_text
+from autofusion.codegen.reductions import (
+    REDUCTION_OPS,
+    OutputArgs,
+    ReductionSpec,
+    Stat,
+    is_identity_reduce,
+    reduction_spec,
+)
+from autofusion.ir.graph import Node
+
+PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a loop nest runs on one thread (fork/join costs more)
+_NO_STAGE = 1 << 30
+
+
+def op_handlers() -> Mapping[str, Handler]:
+    """Every op the loop-nest engine computes elementwise, by op name."""
+    from autofusion.codegen import op_layout, op_math, op_window
+
+    table: dict[str, Handler] = {}
+    table.update(op_math.handlers())
+    table.update(op_layout.handlers())
+    table.update(op_window.handlers())
+    return table
+
+
+def _identity(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    return inl.value(node.inputs[0], idx, block)
+
+
+def loop_vars(shape: Sequence[int]) -> Index:
+    """Loop variables ``i<d>`` of a shape; size-1 dimensions are the constant 0."""
+    return tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(shape))
+
+
+@dataclass
+class _Stage:
+    k: int
+    spec: ReductionSpec
+    xrow: bool = False
+    store: bool = False
+    stat_offsets: dict[str, int] = field(default_factory=dict)
+    full: list[tuple[str, str]] = field(default_factory=list)  # (tensor, destination pointer)
+    reduced: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def prefix(self) -> str:
+        return f"s{self.k}_"
+
+
+class LoopNest:
+    """Renders loop nests computing ``targets`` of a group; see the module docstring."""
+
+    def __init__(self, k: KernelContext, members: frozenset[str], overrides: Mapping[str, Override] | None = None,
+                 handlers: Mapping[str, Handler] | None = None) -> None:
+        self.k = k
+        self.inl = Inliner(k, members, handlers or op_handlers(), overrides=dict(overrides or {}))
+        self._deps: dict[str, frozenset[str]] = {}
+        self.stages: list[_Stage] = []
+        self._stage_of: dict[str, _Stage] = {}
+        self._current_stage = _NO_STAGE  # stages before this one have complete statistics
+
+    # -- analysis ---------------------------------------------------------------------------------
+
+    def _is_reduction(self, node: Node) -> bool:
+        return node.op in REDUCTION_OPS and not is_identity_reduce(self.k.graph, node)
+
+    def reductions_behind(self, tensor: str) -> frozenset[str]:
+        """Reduction nodes of the group that ``tensor`` depends on."""
+        hit = self._deps.get(tensor)
+        if hit is not None:
+            return hit
+        out: set[str] = set()
+        if tensor not in self.inl.overrides and self.inl.computed_here(tensor):
+            node = self.k.producer(tensor)
+            assert node is not None
+            if self._is_reduction(node):
+                out.add(node.name)
+            for t in node.inputs:
+                if t:
+                    out |= self.reductions_behind(t)
+        self._deps[tensor] = frozenset(out)
+        return self._deps[tensor]
+
+    # -- entry point ------------------------------------------------------------------------------
+
+    def render(self, targets: Sequence[tuple[str, str]]) -> str:
+        """C statements writing each ``(tensor, destination pointer)`` of ``targets``."""
+        for node in self.k.graph.nodes:
+            if node.name in self.inl.members and self._is_reduction(node):
+                if any(node.name in self.reductions_behind(t) for t, _ in targets):
+                    self._add_stage(node)
+        for stage in self.stages:  # identity reduces and all others are computed elementwise
+            self.inl.node_handlers[stage.spec.node.name] = self._buffer_handler(stage)
+        for node in self.k.graph.nodes:
+            if node.name in self.inl.members and node.op in REDUCTION_OPS and node.name not in self._stage_of:
+                if is_identity_reduce(self.k.graph, node):
+                    self.inl.node_handlers[node.name] = _identity
+        generic: list[tuple[str, str]] = []
+        for tensor, dest in targets:
+            if not self._assign_to_stage(tensor, dest):
+                generic.append((tensor, dest))
+        # generate everything first: later code decides whether a stage must store its statistics;
+        # a target written by an earlier stage is loaded, not recomputed, by the code after it
+        stage_parts = []
+        for stage in self.stages:
+            stage_parts.append(self._generate_stage(stage))
+            for tensor, dest in stage.full + stage.reduced:
+                self.inl.overrides.setdefault(tensor, self._load_override(tensor, dest))
+        by_shape: dict[tuple[int, ...], list[tuple[str, str]]] = {}
+        for tensor, dest in generic:
+            by_shape.setdefault(self.k.type(tensor).shape, []).append((tensor, dest))
+        nests = [self._render_nest(shape, outs) for shape, outs in by_shape.items()]
+        stages = [self._finish_stage(s, parts) for s, parts in zip(self.stages, stage_parts)]
+        return "\n".join(stages + nests)
+
+    def _load_override(self, tensor: str, dest: str) -> Override:
+        shape = self.k.type(tensor).shape
+        return lambda idx, block: f"{dest}[{ix.linear(idx, shape)}]"
+
+    # -- stages -----------------------------------------------------------------------------------
+
+    def _add_stage(self, node: Node) -> None:
+        stage = _Stage(len(self.stages), reduction_spec(self.k.graph, node, f"s{len(self.stages)}_"))
+        self._decide_row_buffer(stage)
+        self.stages.append(stage)
+        self._stage_of[node.name] = stage
+
+    def _decide_row_buffer(self, stage: _Stage) -> None:
+        """Keep the row of X in a buffer when X is computed (not a plain load) and read again."""
+        x = stage.spec.x
+        stage.xrow = self.inl.computed_here(x) and x not in self.inl.overrides and (
+            len(stage.spec.passes) > 1 or any(lay == "full" for lay in stage.spec.layouts))
+
+    def _x_index(self, stage: _Stage) -> Index:
+        return loop_vars(stage.spec.x_shape)
+
+    def _row_matches(self, stage: _Stage, dims: Mapping[int, str]) -> bool:
+        spec = stage.spec
+        return all(spec.x_shape[d] == 1 or dims.get(d) == f"i{d}" for d in spec.row_dims)
+
+    def _row_linear(self, stage: _Stage, dims: Mapping[int, str]) -> str:
+        spec = stage.spec
+        return ix.linear(tuple(dims[d] for d in spec.row_dims), [spec.x_shape[d] for d in spec.row_dims])
+
+    def _inner_linear(self, stage: _Stage, dims: Mapping[int, str]) -> str:
+        spec = stage.spec
+        return ix.linear(tuple(dims.get(d, "0") for d in spec.axes), [spec.x_shape[d] for d in spec.axes])
+
+    def _output_expr(self, stage: _Stage, pos: int, idx: Index, stats: Mapping[str, str], block: Block) -> str:
+        spec = stage.spec
+        dims = spec.x_dims_of_output(pos, idx)
+        x_idx = tuple(dims.get(d, "0") for d in range(len(spec.x_shape)))
+        node = spec.node
+
+        def x_value() -> str:
+            return self.inl.value(spec.x, x_idx, block)
+
+        def input_value(i: int, at: Index) -> str:
+            return self.inl.value(node.inputs[i], at, block)
+
+        return spec.output(OutputArgs(pos, idx, x_value, self._inner_linear(stage, dims), stats, input_value))
+
+    def _buffer_handler(self, stage: _Stage) -> Handler:
+        def handle(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+            if stage.k >= self._current_stage:
+                raise Misaligned(node.name)  # its statistics are not complete yet
+            stage.store = True
+            dims = stage.spec.x_dims_of_output(pos, idx)
+            row = self._row_linear(stage, dims)
+            stats = {}
+            for st in stage.spec.stats:
+                off = self._stat_offset(stage, st)
+                var = self.k.fresh()
+                block.emit(f"const {st.ctype} {var} = (({st.ctype}*)(scratch + {off}))[{row}];")
+                stats[st.var] = var
+            return self._output_expr(stage, pos, idx, stats, block)
+
+        return handle
+
+    def _stat_offset(self, stage: _Stage, st: Stat) -> int:
+        if st.var not in stage.stat_offsets:
+            stage.stat_offsets[st.var] = self.k.scratch(st.size * stage.spec.rows)
+        return stage.stat_offsets[st.var]
+
+    def _aligned_handler(self, stage: _Stage) -> Handler:
+        def handle(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+            dims = stage.spec.x_dims_of_output(pos, idx)
+            if not self._row_matches(stage, dims):
+                raise Misaligned(node.name)
+            return self._output_expr(stage, pos, idx, {s.var: s.var for s in stage.spec.stats}, block)
+
+        return handle
+
+    def _xrow_override(self, stage: _Stage) -> Override:
+        def override(idx: Index, block: Block) -> str:
+            dims = dict(enumerate(idx))
+            if not self._row_matches(stage, dims):
+                return self.inl.compute_default(stage.spec.x, idx, block)
+            return f"{stage.prefix}xrow[{self._inner_linear(stage, dims)}]"
+
+        return override
+
+    def _in_stage(self, stage: _Stage) -> tuple[dict[str, Handler], dict[str, Override]]:
+        """Install the aligned handlers of ``stage``; returns what to restore."""
+        saved_h, saved_o = dict(self.inl.node_handlers), dict(self.inl.overrides)
+        self._current_stage = stage.k
+        self.inl.node_handlers[stage.spec.node.name] = self._aligned_handler(stage)
+        if stage.xrow:
+            self.inl.overrides[stage.spec.x] = self._xrow_override(stage)
+        return saved_h, saved_o
+
+    def _leave_stage(self, saved: tuple[dict[str, Handler], dict[str, Override]]) -> None:
+        self.inl.node_handlers, self.inl.overrides = saved
+        self._current_stage = _NO_STAGE
+
+    def _layout_of(self, stage: _Stage, tensor: str) -> str | None:
+        shape = self.k.type(tensor).shape
+        spec = stage.spec
+        if shape == spec.x_shape:
+            return "full"
+        keep = tuple(1 if d in spec.axes else n for d, n in enumerate(spec.x_shape))
+        if shape == keep:
+            return "keep"
+        if shape == tuple(spec.x_shape[d] for d in spec.row_dims):
+            return "drop"
+        return None
+
+    def _target_index(self, stage: _Stage, layout: str) -> Index:
+        full = self._x_index(stage)
+        if layout == "full":
+            return full
+        if layout == "keep":
+            return tuple("0" if d in stage.spec.axes else e for d, e in enumerate(full))
+        return tuple(full[d] for d in stage.spec.row_dims)
+
+    def _assign_to_stage(self, tensor: str, dest: str) -> bool:
+        behind = self.reductions_behind(tensor)
+        if behind:
+            stage = max((self._stage_of[n] for n in behind), key=lambda s: s.k)
+        else:
+            stage = next((s for s in self.stages if s.spec.x == tensor), None)
+            if stage is None:
+                return False
+        layout = self._layout_of(stage, tensor)
+        if layout is None:
+            return False
+        saved = self._in_stage(stage)
+        try:
+            self.inl.value(tensor, self._target_index(stage, layout), Block())
+        except Misaligned:
+            return False
+        finally:
+            self._leave_stage(saved)
+        (stage.full if layout == "full" else stage.reduced).append((tensor, dest))
+        return True
+
+    def _generate_stage(self, stage: _Stage) -> dict[str, object]:
+        spec = stage.spec
+        self._decide_row_buffer(stage)
+        x_idx = self._x_index(stage)
+        xct = self.k.ctype_of(spec.x)
+        saved = self._in_stage(stage)
+        try:
+            row_block = Block()
+            passes = []
+            for p, ps in enumerate(spec.passes):
+                body = row_block.child()
+                if p == 0 or not stage.xrow:
+                    if stage.xrow:
+                        del self.inl.overrides[spec.x]
+                    x = self.inl.value(spec.x, x_idx, body)
+                    if stage.xrow:
+                        self.inl.overrides[spec.x] = self._xrow_override(stage)
+                        body.emit(f"{stage.prefix}xrow[j] = {x};")
+                else:
+                    x = f"{stage.prefix}xrow[j]"
+                updates = [a.update.replace("{x}", x).replace("{j}", "j") for a in ps.accs if a.update]
+                simd = [a for a in ps.accs if a.simd]
+                clause = (f"reduction({simd[0].simd}:{simd[0].var})"
+                          if len(simd) == 1 and len(ps.accs) == 1 and not _has_branches(body.lines) else None)
+                passes.append({
+                    "init": [f"{a.ctype} {a.var} = {a.init};" for a in ps.accs],
+                    "body": body.lines + updates,
+                    "simd": clause,
+                    "after": list(ps.after),
+                })
+            reduced = row_block.child()
+            for tensor, dest in stage.reduced:
+                idx = self._target_index(stage, self._layout_of(stage, tensor) or "keep")
+                v = self.inl.value(tensor, idx, reduced)
+                reduced.emit(f"{dest}[{ix.linear(idx, self.k.type(tensor).shape)}] = {v};")
+            full = row_block.child()
+            for tensor, dest in stage.full:
+                v = self.inl.value(tensor, x_idx, full)
+                full.emit(f"{dest}[{ix.linear(x_idx, spec.x_shape)}] = {v};")
+        finally:
+            self._leave_stage(saved)
+        row_dims = [d for d in spec.row_dims if spec.x_shape[d] > 1]
+        row_sizes = [spec.x_shape[d] for d in spec.row_dims]
+        row_exprs = ix.delinear("row", row_sizes)
+        inner_dims = [d for d in spec.axes if spec.x_shape[d] > 1]
+        inner_exprs = ix.delinear("j", [spec.x_shape[d] for d in spec.axes])
+        comment = (f"stage {stage.k}: {spec.node.op} {spec.node.name} over axes {list(spec.axes)} of "
+                   f"{spec.x} {list(spec.x_shape)}: {spec.rows} rows x {spec.length}")
+        return dict(
+            comment=c_comment_text(comment),
+            rows=spec.rows,
+            length=spec.length,
+            parallel=spec.rows > 1 and spec.rows * spec.length >= PARALLEL_MIN_ELEMENTS // 4,
+            xrow=stage.xrow,
+            xct=xct,
+            prefix=stage.prefix,
+            row_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.row_dims, row_exprs) if d in row_dims],
+            inner_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.axes, inner_exprs) if d in inner_dims],
+            passes=passes,
+            reduced=reduced.lines,
+            full=full.lines,
+        )
+
+    def _finish_stage(self, stage: _Stage, parts: Mapping[str, object]) -> str:
+        stores = []
+        if stage.store:
+            for st in stage.spec.stats:
+                stores.append(f"(({st.ctype}*)(scratch + {self._stat_offset(stage, st)}))[row] = {st.var};")
+        return self.k.templates.render("reduction_stage.c.j2", stores=stores, **parts)
+
+    # -- plain nests ------------------------------------------------------------------------------
+
+    def _render_nest(self, shape: tuple[int, ...], outs: list[tuple[str, str]]) -> str:
+        idx = loop_vars(shape)
+        body = Block()
+        for tensor, dest in outs:
+            v = self.inl.value(tensor, idx, body)
+            body.emit(f"{dest}[{ix.linear(idx, shape)}] = {v};")
+        loop_dims = [d for d, n in enumerate(shape) if n > 1]
+        numel = math.prod(shape)
+        outer_dims, inner = loop_dims[:-1], loop_dims[-1:] or [None]
+        outer_sizes = [shape[d] for d in outer_dims]
+        outer_exprs = ix.delinear("o", outer_sizes) if outer_dims else ()
+        names = ", ".join(t for t, _ in outs)
+        return self.k.templates.render(
+            "loop_nest.c.j2",
+            comment=c_comment_text(f"{names}: {list(shape)}"),
+            parallel=numel >= PARALLEL_MIN_ELEMENTS,
+            outer=math.prod(outer_sizes) if outer_dims else None,
+            outer_lines=[f"const int64_t i{d} = {e};" for d, e in zip(outer_dims, outer_exprs)],
+            inner_var=f"i{inner[0]}" if inner[0] is not None else None,
+            inner=shape[inner[0]] if inner[0] is not None else 1,
+            body=body.lines,
+        )
+
+
+def _has_branches(lines: Sequence[str]) -> bool:
+    return any(line.lstrip().startswith(("if", "}", "for")) for line in lines)

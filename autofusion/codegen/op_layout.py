@@ -1,0 +1,263 @@
+"""Reorganising ops as index mappings: views, Transpose, Slice, Concat, Split, Pad, Expand, Tile,
+Gather / GatherElements / GatherND, Trilu, DepthToSpace / SpaceToDepth, and ops whose value is known
+at build time (Shape, Size, Range, ConstantOfShape).
+
+A handler maps the output index to input indices and asks the inliner for the inputs there; no data
+moves until the final store of the fused loop nest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import numpy as np
+
+from autofusion.codegen import index as ix
+from autofusion.codegen.ctype import literal
+from autofusion.codegen.index import Index
+from autofusion.codegen.inliner import Block, Handler, Inliner
+from autofusion.ir.graph import Node
+from autofusion.ops.common import ref_input_or_attr
+
+_TABLE_LIMIT = 4096  # larger build-time tables travel as derived constants, not C arrays
+
+
+def _static_input(inl: Inliner, node: Node, i: int, attr: str) -> list[int] | None:
+    """Ints of constant input ``i`` or attribute ``attr`` (what shape inference used)."""
+    xs = [inl.k.graph.const_value(t) if t else None for t in node.inputs]
+    return ref_input_or_attr(xs, node.attrs, i, attr)
+
+
+def _view(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    src = node.inputs[0]
+    return inl.value(src, ix.reshape(idx, inl.shape(node.outputs[0]), inl.shape(src)), block)
+
+
+def _transpose(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    rank = len(idx)
+    perm = node.attrs.get("perm")
+    perm = tuple(range(rank))[::-1] if perm is None else tuple(int(p) for p in perm)
+    src = ["0"] * rank
+    for k, p in enumerate(perm):
+        src[p] = idx[k]
+    return inl.value(node.inputs[0], tuple(src), block)
+
+
+def _expand(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    return inl.input_value(node, 0, idx, block)
+
+
+def _tile(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    in_shape, out_shape = inl.shape(node.inputs[0]), inl.shape(node.outputs[0])
+    src = tuple(e if n == o else ix.mod(e, n) for e, n, o in zip(idx, in_shape, out_shape))
+    return inl.value(node.inputs[0], src, block)
+
+
+def _slice(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    from autofusion.ops.reorganize import _slices
+
+    in_shape = inl.shape(node.inputs[0])
+    args = [_static_input(inl, node, i, name) for i, name in enumerate(("starts", "ends", "axes", "steps"), 1)]
+    starts, ends, axes, steps = args
+    assert starts is not None and ends is not None
+    slices = _slices(in_shape, starts, ends, axes, steps)
+    src = []
+    for e, n, s in zip(idx, in_shape, slices):
+        r = range(n)[s]
+        src.append(ix.add(ix.mul(e, r.step), r.start) if len(r) else "0")
+    return inl.value(node.inputs[0], tuple(src), block)
+
+
+def _split(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    rank = len(idx)
+    axis = int(node.attrs.get("axis", 0)) % rank
+    offset = sum(inl.shape(node.outputs[k])[axis] for k in range(pos))
+    src = tuple(ix.add(e, offset) if d == axis else e for d, e in enumerate(idx))
+    return inl.value(node.inputs[0], src, block)
+
+
+def _concat(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    rank = len(idx)
+    axis = int(node.attrs["axis"]) % rank
+    parts = [(t, inl.shape(t)[axis]) for t in node.inputs if t and inl.shape(t)[axis] > 0]
+    if len(parts) == 1:
+        return inl.value(parts[0][0], idx, block)
+    var = inl.k.fresh()
+    block.emit(f"{inl.k.ctype_of(node.outputs[0])} {var};")
+    start = 0
+    for k, (t, n) in enumerate(parts):
+        inner = block.child()
+        src = tuple(ix.sub(e, start) if d == axis else e for d, e in enumerate(idx))
+        inner.emit(f"{var} = {inl.value(t, src, inner)};")
+        if k == 0:
+            block.nest(f"if ({idx[axis]} < {start + n}) {{", inner, footer=None)
+        elif k < len(parts) - 1:
+            block.nest(f"}} else if ({idx[axis]} < {start + n}) {{", inner, footer=None)
+        else:
+            block.nest("} else {", inner, footer=None)
+        start += n
+    block.emit("}")
+    return var
+
+
+def _pad(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    from autofusion.ops.reorganize import _pad_widths
+
+    src_t = node.inputs[0]
+    in_shape = inl.shape(src_t)
+    widths = _pad_widths(len(in_shape), _static_input(inl, node, 1, "pads"), _static_input(inl, node, 3, "axes"))
+    mode = node.attrs.get("mode", "constant")
+    src = []
+    conds = []
+    for e, n, (b, _) in zip(idx, in_shape, widths):
+        s = ix.sub(e, b) if b else e
+        if b == 0 and _ == 0:
+            src.append(e)
+            continue
+        if mode == "constant":
+            src.append(s)
+            if b > 0:
+                conds.append(f"{s} >= 0")
+            conds.append(f"{s} < {n}")
+        elif mode == "edge":
+            src.append(f"({s} < 0 ? 0 : ({s} >= {n} ? {n - 1} : {s}))")
+        elif mode == "reflect":
+            src.append(f"af_reflect_index({s}, {n})")
+        elif mode == "wrap":
+            src.append(f"af_wrapmod_index({s}, {n})")
+        else:
+            raise inl.k.error(f"Pad mode {mode!r} is not supported", node)
+    if mode != "constant" or not conds:
+        return inl.value(src_t, tuple(src), block)
+    dtype = inl.k.type(src_t).dtype
+    if len(node.inputs) > 2 and node.inputs[2] and inl.k.type(node.inputs[2]).numel:
+        fill = inl.value(node.inputs[2], ("0",) * len(inl.shape(node.inputs[2])), block)
+    else:
+        fill = literal(node.attrs.get("value", 0.0) or 0, dtype)
+    var = inl.k.fresh()
+    block.emit(f"{inl.k.ctype_of(node.outputs[0])} {var} = {fill};")
+    inner = block.child()
+    inner.emit(f"{var} = {inl.value(src_t, tuple(src), inner)};")
+    block.nest(f"if ({' && '.join(conds)}) {{", inner)
+    return var
+
+
+def _data_index(inl: Inliner, e: str, dim: int, block: Block) -> str:
+    """An index read from data, wrapped (negative from the end) and clamped into ``[0, dim)``."""
+    var = inl.k.fresh("g")
+    block.emit(f"const int64_t {var} = af_wrap_index((int64_t){e}, {dim});")
+    return var
+
+
+def _gather(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    data, indices = node.inputs[0], node.inputs[1]
+    d_shape, i_shape = inl.shape(data), inl.shape(indices)
+    axis = int(node.attrs.get("axis", 0)) % len(d_shape)
+    k = len(i_shape)
+    raw = inl.value(indices, tuple(idx[axis:axis + k]), block)
+    g = _data_index(inl, raw, d_shape[axis], block)
+    src = tuple(idx[:axis]) + (g,) + tuple(idx[axis + k:])
+    return inl.value(data, src, block)
+
+
+def _gather_elements(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    data, indices = node.inputs[0], node.inputs[1]
+    d_shape = inl.shape(data)
+    axis = int(node.attrs.get("axis", 0)) % len(d_shape)
+    raw = inl.value(indices, idx, block)
+    g = _data_index(inl, raw, d_shape[axis], block)
+    return inl.value(data, tuple(g if d == axis else e for d, e in enumerate(idx)), block)
+
+
+def _gather_nd(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    data, indices = node.inputs[0], node.inputs[1]
+    d_shape, i_shape = inl.shape(data), inl.shape(indices)
+    b = int(node.attrs.get("batch_dims", 0))
+    last = i_shape[-1]
+    q = len(i_shape) - 1  # output dims that index the tuples
+    src = list(idx[:b])
+    for j in range(last):
+        raw = inl.value(indices, tuple(idx[:q]) + (str(j),), block)
+        src.append(_data_index(inl, raw, d_shape[b + j], block))
+    src.extend(idx[q:])
+    return inl.value(data, tuple(src), block)
+
+
+def _trilu(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    x = inl.value(node.inputs[0], idx, block)
+    k = "0"
+    if len(node.inputs) > 1 and node.inputs[1]:
+        k = f"(int64_t){inl.value(node.inputs[1], ('0',) * len(inl.shape(node.inputs[1])), block)}"
+    row, col = idx[-2], idx[-1]
+    keep = f"{ix.paren(ix.sub(col, row))} >= {k}" if node.attrs.get("upper", 1) else (
+        f"{ix.paren(ix.sub(col, row))} <= {k}")
+    zero = literal(0, inl.k.type(node.outputs[0]).dtype)
+    return f"({keep} ? {x} : {zero})"
+
+
+def _depth_to_space(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    b = int(node.attrs["blocksize"])
+    n, c, h, w = idx
+    c_out = inl.shape(node.outputs[0])[1]
+    hh, b1, ww, b2 = ix.div(h, b), ix.mod(h, b), ix.div(w, b), ix.mod(w, b)
+    if node.attrs.get("mode", "DCR") == "DCR":
+        ch = ix.add(ix.mul(ix.paren(ix.add(ix.mul(b1, b), b2)), c_out), c)
+    else:
+        ch = ix.add(ix.add(ix.mul(c, b * b), ix.mul(b1, b)), b2)
+    return inl.value(node.inputs[0], (n, ch, hh, ww), block)
+
+
+def _space_to_depth(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    b = int(node.attrs["blocksize"])
+    n, c2, hh, ww = idx
+    c_in = inl.shape(node.inputs[0])[1]
+    blk, c = ix.div(c2, c_in), ix.mod(c2, c_in)
+    b1, b2 = ix.div(blk, b), ix.mod(blk, b)
+    return inl.value(node.inputs[0], (n, c, ix.add(ix.mul(hh, b), b1), ix.add(ix.mul(ww, b), b2)), block)
+
+
+def _range(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    start = inl.value(node.inputs[0], (), block)
+    delta = inl.value(node.inputs[2], (), block)
+    ct = inl.k.ctype_of(node.outputs[0])
+    return f"({ct})({start} + ({ct}){idx[0]} * {delta})"
+
+
+def _static_value(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+    """Ops whose value is fixed at build time (Shape, Size, ConstantOfShape): evaluated now."""
+    g = inl.k.graph
+    args = []
+    for t in node.inputs:
+        v = g.const_value(t) if t else None
+        if t and v is None:  # Shape/Size only need the static type of a computed input
+            v = np.zeros(g.types[t].shape, dtype=g.types[t].dtype.numpy)
+        args.append(v)
+    value = np.asarray(inl.k.registry[node.op].reference(args, node.attrs)[pos])
+    out = node.outputs[pos]
+    dtype = inl.k.type(out).dtype
+    flat = value.reshape(-1)
+    if flat.size == 0 or np.all(flat == flat[0]):
+        return literal(flat[0] if flat.size else 0, dtype)
+    offset = ix.linear(idx, value.shape)
+    if flat.size > _TABLE_LIMIT:
+        ptr = inl.k.derived_constant(f"{node.name}_{pos}_value", value)
+        return f"{ptr}[{offset}]"
+    table = inl.k.fresh("tbl")
+    values = ", ".join(literal(v, dtype) for v in flat)
+    block.emit(f"static const {inl.k.ctype_of(out)} {table}[{flat.size}] = {{{values}}};")
+    return f"{table}[{offset}]"
+
+
+def handlers() -> Mapping[str, Handler]:
+    """Handlers of every reorganising op, by op name."""
+    table: dict[str, Handler] = {op: _view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")}
+    table.update({
+        "Transpose": _transpose, "Expand": _expand, "Tile": _tile, "Slice": _slice, "Split": _split,
+        "Concat": _concat, "Pad": _pad, "Gather": _gather, "GatherElements": _gather_elements,
+        "GatherND": _gather_nd, "Trilu": _trilu, "DepthToSpace": _depth_to_space,
+        "SpaceToDepth": _space_to_depth, "Range": _range, "Shape": _static_value, "Size": _static_value,
+        "ConstantOfShape": _static_value,
+    })
+    return MappingProxyType(table)
+

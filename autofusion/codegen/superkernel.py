@@ -1,0 +1,167 @@
+"""SuperKernel assembly: a whole plan as one shared library with one entry point.
+
+``render_plan(plan)`` renders every group to a kernel function, places every tensor with the
+buffer planner, and writes:
+
+* kernel translation units (several, so they compile in parallel), and
+* a main unit with ``af_create(consts)`` (keeps the weight pointers in a context),
+  ``af_run(ctx, inputs, outputs, workspace, nthreads)`` (calls every kernel in plan order, no
+  dispatch through Python) and ``af_destroy``.
+
+``render_unfused(plan)`` renders the same kernels with one exported entry each, for a runner
+that calls them one at a time (the baseline without fusion).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autofusion.codegen.buffers import BufferPlan, plan_buffers
+from autofusion.codegen.kernel import KernelSource, group_comment
+from autofusion.codegen.kernels import render_group
+from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.templates import TemplateSet
+from autofusion.decide.plan import Plan
+from autofusion.ir.types import DType
+from autofusion.ops.registry import OpRegistry, default_registry
+
+UNIT_CHARS = 40_000  # about this much C per translation unit, so big plans compile in parallel
+MAX_UNITS = 8
+
+
+@dataclass(frozen=True, eq=False)
+class LibrarySource:
+    """The C sources of one shared library and what the runtime needs to call it."""
+
+    name: str
+    units: tuple[tuple[str, str], ...]  # (file name, text)
+    header: str  # af_runtime.h
+    kernels: tuple[KernelSource, ...]
+    constants: tuple[tuple[str, np.ndarray], ...]  # what af_create receives, in order
+    buffers: BufferPlan | None = None
+    uses_blas: bool = False
+
+    @property
+    def text(self) -> str:
+        """All units, for hashing and inspection."""
+        return "\n".join(f"// ---- {name}\n{text}" for name, text in self.units)
+
+
+def render_kernels(plan: Plan, templates: TemplateSet, registry: OpRegistry) -> list[KernelSource]:
+    out = []
+    for group in plan.groups:
+        k = render_group(plan.graph, group, templates, registry)
+        if k is not None:
+            out.append(k)
+    return out
+
+
+def _units(title: str, kernels: list[KernelSource], templates: TemplateSet, exported: bool,
+           prefix: str) -> list[tuple[str, str]]:
+    total = sum(len(k.code) for k in kernels)
+    n_units = max(1, min(MAX_UNITS, math.ceil(total / UNIT_CHARS), len(kernels)))
+    target = total / n_units
+    chunks: list[list[KernelSource]] = [[]]
+    size = 0
+    for k in kernels:
+        if chunks[-1] and size + len(k.code) / 2 > target * len(chunks) and len(chunks) < n_units:
+            chunks.append([])
+        chunks[-1].append(k)
+        size += len(k.code)
+    units = []
+    for i, chunk in enumerate(chunks):
+        if not chunk:
+            continue
+        text = templates.render(
+            "unit.c.j2", title=c_comment_text(title), first=chunk[0].name, last=chunk[-1].name,
+            blas=any(k.uses_blas for k in chunk), kernels=[k.code for k in chunk],
+            wrappers=[{"name": k.name, "params": k.params} for k in chunk] if exported else [])
+        units.append((f"{prefix}{i}.c", text))
+    return units
+
+
+def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRegistry | None = None) -> LibrarySource:
+    """The SuperKernel of ``plan``: kernel units plus a main unit with ``af_run``."""
+    templates = templates or TemplateSet()
+    registry = registry or default_registry()
+    g = plan.graph
+    kernels = render_kernels(plan, templates, registry)
+    by_group = {k.group.name: k for k in kernels}
+    buffers = plan_buffers(plan, {k.group.name: k.scratch_bytes for k in kernels})
+    names = NameTable("t_", reserved=frozenset({"ctx", "ws", "inputs", "outputs", "nt"}))
+
+    consts: list[tuple[str, np.ndarray]] = [(t, np.ascontiguousarray(c.array)) for t, c in g.constants.items()]
+    derived_index: dict[tuple[str, str], int] = {}
+    for k in kernels:
+        for ident, arr in k.derived:
+            derived_index[(k.name, ident)] = len(consts)
+            consts.append((f"{k.name}.{ident}", arr))
+
+    decls = []
+    for t, p in buffers.placements.items():
+        ct = _ctype(g.types[t].dtype)
+        ident = names(t)
+        if p.kind == "input":
+            decls.append(f"const {ct}* {ident} = (const {ct}*)inputs[{p.index}];")
+        elif p.kind == "const":
+            decls.append(f"const {ct}* {ident} = (const {ct}*)ctx->consts[{p.index}];")
+        elif p.kind == "output":
+            decls.append(f"{ct}* {ident} = ({ct}*)outputs[{p.index}];")
+        elif p.kind == "workspace":
+            decls.append(f"{ct}* {ident} = ({ct}*)(ws + {p.index});")
+    for t, p in buffers.placements.items():  # aliases after their bases, in plan order
+        if p.kind == "alias":
+            ct = _ctype(g.types[t].dtype)
+            decls.append(f"const {ct}* {names(t)} = (const {ct}*){names(p.base)};")
+
+    steps = []
+    for group in plan.groups:
+        lines: list[str] = []
+        k = by_group.get(group.name)
+        if k is not None:
+            args = []
+            for prm in k.params:
+                if prm.role == "derived":
+                    args.append(f"(const {prm.ctype}*)ctx->consts[{derived_index[(k.name, prm.ident)]}]")
+                else:
+                    args.append(names(prm.tensor))
+            scratch = buffers.scratch.get(group.name)
+            args.append(f"ws + {scratch}" if scratch is not None else "ws")
+            args.append("nt")
+            lines.append(f"{k.name}({', '.join(args)});")
+        for src, out in buffers.view_copies.get(group.name, ()):
+            base = buffers.placements[src].base
+            lines.append(f"memcpy(outputs[{out}], {names(base)}, {g.types[src].nbytes});")
+        steps.append({"comment": group_comment(g, group), "lines": lines})
+    final = [f"memcpy(outputs[{i}], {names(t)}, {g.types[t].nbytes});" for t, i in buffers.final_copies]
+
+    title = f"autofusion SuperKernel of {g.name!r} ({plan.strategy or 'plan'})"
+    units = _units(title, kernels, templates, exported=False, prefix="kernels_")
+    main = templates.render(
+        "superkernel.c.j2", title=c_comment_text(title),
+        summary=c_comment_text(f"{len(g.nodes)} nodes in {len(plan.groups)} groups, {len(kernels)} kernels"),
+        workspace=buffers.workspace_bytes, blas=False, kernels=kernels, consts=consts,
+        n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final)
+    return LibrarySource("superkernel", tuple(units) + (("main.c", main),), templates.runtime_header(),
+                         tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels))
+
+
+def render_unfused(plan: Plan, templates: TemplateSet | None = None,
+                   registry: OpRegistry | None = None) -> LibrarySource:
+    """Every kernel of ``plan`` exported as ``af_call_<name>(args, scratch, nthreads)``."""
+    templates = templates or TemplateSet()
+    registry = registry or default_registry()
+    kernels = render_kernels(plan, templates, registry)
+    title = f"autofusion kernels of {plan.graph.name!r}, one entry per group"
+    units = _units(title, kernels, templates, exported=True, prefix="ops_")
+    return LibrarySource("kernels", tuple(units), templates.runtime_header(), tuple(kernels), (), None,
+                         any(k.uses_blas for k in kernels))
+
+
+def _ctype(dtype: DType) -> str:
+    from autofusion.codegen.ctype import ctype
+
+    return ctype(dtype)

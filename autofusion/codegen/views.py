@@ -1,0 +1,94 @@
+"""Strided views: a tensor computed by views, transposes and slices of a buffer, as pointer + strides.
+
+BLAS reads a matrix through a pointer, a leading dimension and a transpose flag, so a MatMul operand
+that is a transposed or reshaped view of a group input needs no copy. ``strided_view`` follows the
+producers of a tensor inside the group back to memory; ``None`` means the chain is not affine
+(the operand is then materialised into scratch first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autofusion.codegen import index as ix
+from autofusion.ir.graph import Graph
+
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+@dataclass(frozen=True)
+class StridedView:
+    """Element ``idx`` of the view is ``ptr[offset + sum(idx[d] * strides[d])]``."""
+
+    ptr: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def contiguous(self) -> bool:
+        return all(n == 1 or s == c for n, s, c in zip(self.shape, self.strides, ix.strides(self.shape)))
+
+    def transposed_last2(self) -> StridedView:
+        shape = self.shape[:-2] + (self.shape[-1], self.shape[-2])
+        strides = self.strides[:-2] + (self.strides[-1], self.strides[-2])
+        return StridedView(self.ptr, shape, strides, self.offset)
+
+
+def contiguous_view(ptr: str, shape: tuple[int, ...]) -> StridedView:
+    return StridedView(ptr, shape, ix.strides(shape), 0)
+
+
+def strided_view(graph: Graph, members: frozenset[str], tensor: str,
+                 pointer: Callable[[str], str]) -> StridedView | None:
+    """The strided view of ``tensor`` over a buffer read from memory, or None."""
+    node = graph.producers.get(tensor)
+    shape = graph.types[tensor].shape
+    if node is None or node.name not in members:
+        return contiguous_view(pointer(tensor), shape)
+    if node.op not in _RESHAPES and node.op not in ("Transpose", "Slice", "Expand", "Dropout"):
+        return None
+    if node.op == "Dropout" and node.outputs.index(tensor) != 0:
+        return None
+    src = strided_view(graph, members, node.inputs[0], pointer)
+    if src is None:
+        return None
+    if node.op in _RESHAPES or node.op == "Dropout":
+        if not src.contiguous:
+            return None
+        return StridedView(src.ptr, shape, ix.strides(shape), src.offset)
+    if node.op == "Transpose":
+        perm = node.attrs.get("perm")
+        perm = tuple(range(len(shape)))[::-1] if perm is None else tuple(int(p) for p in perm)
+        return StridedView(src.ptr, shape, tuple(src.strides[p] for p in perm), src.offset)
+    if node.op == "Expand":
+        lead = len(shape) - len(src.shape)
+        strides = tuple(0 if d < lead or src.shape[d - lead] == 1 else src.strides[d - lead] for d in range(len(shape)))
+        return StridedView(src.ptr, shape, strides, src.offset)
+    from autofusion.ops.common import ref_input_or_attr
+    from autofusion.ops.reorganize import _slices
+
+    xs = [graph.const_value(t) if t else None for t in node.inputs]
+    args = [ref_input_or_attr(xs, node.attrs, i, n) for i, n in enumerate(("starts", "ends", "axes", "steps"), 1)]
+    if args[0] is None or args[1] is None:
+        return None
+    slices = _slices(src.shape, args[0], args[1], args[2], args[3])
+    offset, strides = src.offset, []
+    for n, st, sl in zip(src.shape, src.strides, slices):
+        r = range(n)[sl]
+        if len(r):
+            offset += r.start * st
+        strides.append(st * r.step)
+    return StridedView(src.ptr, shape, tuple(strides), offset)
+
+
+def blas_layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) describing a rows x cols matrix to row-major BLAS, or None."""
+    if rows <= 1 and cols <= 1:
+        return False, 1
+    if (col_stride == 1 or cols == 1) and (rows == 1 or row_stride >= max(cols, 1)):
+        return False, row_stride if rows > 1 else max(cols, 1)
+    if (row_stride == 1 or rows == 1) and (cols == 1 or col_stride >= max(rows, 1)):
+        return True, col_stride if cols > 1 else max(rows, 1)
+    return None

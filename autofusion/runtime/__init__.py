@@ -1,0 +1,21 @@
+"""Runtime: compile generated C (cached), load it with ctypes, run fused and unfused plans."""
+
+from autofusion.runtime.cache import CompileCache, default_cache_dir
+from autofusion.runtime.compiler import compile_library
+from autofusion.runtime.loader import RunError, default_threads
+from autofusion.runtime.model import CompiledModel
+from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
+from autofusion.runtime.unfused import UnfusedRunner
+
+__all__ = [
+    "CompileCache",
+    "CompileError",
+    "CompiledModel",
+    "RunError",
+    "Toolchain",
+    "UnfusedRunner",
+    "compile_library",
+    "default_cache_dir",
+    "default_threads",
+    "detect_toolchain",
+]

@@ -1,0 +1,55 @@
+"""Loading compiled libraries with ctypes and passing numpy buffers to them."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from autofusion.ir.graph import Graph
+from autofusion.ir.interpreter import InterpreterError, check_feeds
+
+
+class RunError(ValueError):
+    """Feeds that do not match the graph (missing, wrong shape or dtype), or a failed kernel call."""
+
+
+def default_threads(threads: int | None = None) -> int:
+    """``threads``, else ``$OMP_NUM_THREADS``, else 2."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        return threads
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    try:
+        return max(1, int(env.split(",")[0]))
+    except ValueError:
+        return 2
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(path))
+
+
+def pointer_array(arrays: Sequence[np.ndarray | None]) -> ctypes.Array[ctypes.c_void_p]:
+    """A C array of the arrays' data pointers (kept alive by the caller)."""
+    return (ctypes.c_void_p * max(1, len(arrays)))(*[None if a is None else a.ctypes.data for a in arrays])
+
+
+def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+    """An uninitialised byte buffer whose data pointer is ``align``-aligned."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % align
+    return raw[shift:shift + nbytes]
+
+
+def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds as contiguous arrays of the declared shapes and dtypes, or RunError."""
+    try:
+        arrays = check_feeds(graph, feeds)
+    except InterpreterError as e:
+        raise RunError(str(e)) from None
+    return {k: np.ascontiguousarray(v) for k, v in arrays.items()}

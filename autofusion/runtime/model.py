@@ -1,0 +1,85 @@
+"""CompiledModel: a plan compiled into one SuperKernel library, run with one call."""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from autofusion.codegen.superkernel import LibrarySource, render_plan
+from autofusion.codegen.templates import TemplateSet
+from autofusion.decide.plan import Plan
+from autofusion.runtime.cache import CompileCache
+from autofusion.runtime.compiler import compile_library
+from autofusion.runtime.loader import (
+    RunError,
+    aligned_empty,
+    checked_feeds,
+    default_threads,
+    load_library,
+    pointer_array,
+)
+from autofusion.runtime.toolchain import Toolchain
+
+
+class CompiledModel:
+    """``plan`` compiled to a SuperKernel and loaded; ``run(feeds)`` returns the graph outputs.
+
+    >>> # from autofusion.decide import unfused_plan
+    >>> # model = CompiledModel(unfused_plan(graph)); model.run({"x": x})["y"]
+
+    Weights are handed to the library once, at load; each run passes only the input, output and
+    workspace pointers. Not safe for concurrent ``run`` calls on one instance (one workspace).
+    """
+
+    def __init__(self, plan: Plan, threads: int | None = None, cache: CompileCache | str | Path | None = None,
+                 toolchain: Toolchain | None = None, templates: TemplateSet | None = None) -> None:
+        self.plan = plan
+        self.threads = default_threads(threads)
+        self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
+        self.source: LibrarySource = render_plan(plan, templates)
+        self.library_path = compile_library(self.source, toolchain, self.cache)
+        lib = load_library(self.library_path)
+        lib.af_create.restype = ctypes.c_void_p
+        lib.af_create.argtypes = [ctypes.c_void_p]
+        lib.af_destroy.argtypes = [ctypes.c_void_p]
+        lib.af_run.restype = ctypes.c_int
+        lib.af_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        self._lib = lib
+        self._consts = [np.ascontiguousarray(a) for _, a in self.source.constants]
+        self._const_ptrs = pointer_array(self._consts)
+        ctx = lib.af_create(ctypes.cast(self._const_ptrs, ctypes.c_void_p))
+        if not ctx:
+            raise MemoryError("af_create could not allocate its context")
+        self._ctx = ctx
+        self._finalizer = weakref.finalize(self, lib.af_destroy, ctx)
+        assert self.source.buffers is not None
+        self._workspace = aligned_empty(max(64, self.source.buffers.workspace_bytes))
+        graph = plan.graph
+        self._out_specs = [(o, graph.types[o].shape, graph.types[o].dtype.numpy) for o in graph.outputs]
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak activation memory of the plan's buffer plan (workspace bytes)."""
+        assert self.source.buffers is not None
+        return self.source.buffers.peak_bytes
+
+    def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
+        """Run the model on ``feeds``; RunError when a feed is missing or mistyped."""
+        graph = self.plan.graph
+        arrays = checked_feeds(graph, feeds)
+        inputs = [arrays[name] for name in graph.inputs]
+        outputs = [np.empty(shape, dtype) for _, shape, dtype in self._out_specs]
+        in_ptrs, out_ptrs = pointer_array(inputs), pointer_array(outputs)
+        rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
+                              ctypes.cast(out_ptrs, ctypes.c_void_p), self._workspace.ctypes.data,
+                              default_threads(threads) if threads is not None else self.threads)
+        if rc != 0:
+            raise RunError(f"af_run returned {rc}")
+        result: dict[str, np.ndarray] = {}
+        for (name, _, _), arr in zip(self._out_specs, outputs):
+            result.setdefault(name, arr)
+        return result
