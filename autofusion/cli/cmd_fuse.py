@@ -18,6 +18,8 @@ def add_parser(subparsers: Any) -> None:
     add_plan_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--groups", action="store_true", help="also list every fused group")
+    p.add_argument("--onnx-out", metavar="FILE",
+                   help="write the fused model as ONNX, each fused kernel a model-local function")
     p.set_defaults(func=run)
 
 
@@ -69,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
     loaded, plan = make_plan(args)
     summary = plan_summary(plan, loaded.graph)
+    if args.onnx_out:
+        summary["onnx_out"] = write_onnx(plan, args.onnx_out)
     out = Output()
     if args.json:
         if args.groups:
@@ -92,9 +96,29 @@ def run(args: argparse.Namespace) -> int:
         out.line(f"note: rule {name} not used: {why}")
     for note in s["notes"]:
         out.line(f"note: {note}")
+    if args.onnx_out:
+        out.line(f"wrote {args.onnx_out} ({sum(g.fused for g in plan.groups)} fused kernels as ONNX functions)")
     if args.groups:
         out.table("fused groups", ("kernel", "template", "ops", "rules"), [
             (g.name, g.template, " ".join(plan.graph.node_by_name[n].op for n in g.nodes),
              ", ".join(str(r) for r in g.rules))
             for g in plan.groups if g.fused])
     return 0
+
+
+def write_onnx(plan: Any, path: str) -> str:
+    """Save the plan as ONNX at ``path`` (atomically); export problems become CliError."""
+    from pathlib import Path
+
+    from autofusion.export import OnnxExportError, save_onnx
+
+    target = Path(path)
+    if target.is_dir():
+        raise CliError(f"--onnx-out {path}: is a directory")
+    if not target.parent.is_dir():
+        raise CliError(f"--onnx-out {path}: directory {target.parent} does not exist")
+    try:
+        save_onnx(plan, target)
+    except OnnxExportError as e:
+        raise CliError(f"cannot write ONNX: {e}") from None
+    return str(target)
