@@ -26,7 +26,7 @@ from autofusion.dsl.ir import (
     Term,
     Var,
 )
-from autofusion.dsl.loader import Analysis, analyze, check_paths, load_rules
+from autofusion.dsl.loader import Analysis, analyze, analyze_text, check_paths, load_rules
 from autofusion.dsl.span import Span
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "Term",
     "Var",
     "analyze",
+    "analyze_text",
     "check_paths",
     "load_rules",
 ]

@@ -23,6 +23,16 @@ class Expander:
         self.patterns = patterns
         self.sink = sink
         self.counter = 0
+        self.failed = False
+
+    def _error(self, code: str, message: str, span: Any) -> None:
+        self.failed = True
+        self.sink.add(code, message, span)
+
+    def take_failed(self) -> bool:
+        """Whether an expansion failed since the last call (and reset)."""
+        failed, self.failed = self.failed, False
+        return failed
 
     def term(self, t: Term, stack: tuple[str, ...] = ()) -> tuple[Term, list[g.Guard]]:
         """``t`` with every PatternRef inlined, and the guards the inlined patterns bring."""
@@ -43,10 +53,10 @@ class Expander:
         if pdef is None:
             return Var("_error", span=ref.span), []
         if ref.name in stack:
-            self.sink.add("F019", f"pattern {ref.name} uses itself ({' -> '.join((*stack, ref.name))})", ref.span)
+            self._error("F019", f"pattern {ref.name} uses itself ({' -> '.join((*stack, ref.name))})", ref.span)
             return Var("_error", span=ref.span), []
         if pdef.kind != "term":
-            self.sink.add("F019", f"pattern {ref.name} is a {pdef.kind}; use it as a whole fusion body, "
+            self._error("F019", f"pattern {ref.name} is a {pdef.kind}; use it as a whole fusion body, "
                           "not inside a term", ref.span)
             return Var("_error", span=ref.span), []
         body, guards = self.term(pdef.body, (*stack, ref.name))  # type: ignore[arg-type]
@@ -58,10 +68,10 @@ class Expander:
         root = terms[0]
         if ref.output or ref.capture:
             if not isinstance(root, OpTerm):
-                self.sink.add("F025", f"pattern {ref.name} is not an op; it cannot be indexed or captured", ref.span)
+                self._error("F025", f"pattern {ref.name} is not an op; it cannot be indexed or captured", ref.span)
                 return root, [guard] if guard is not None else []
             if ref.output and root.output:
-                self.sink.add("F025", f"pattern {ref.name} already selects output {root.output}", ref.span)
+                self._error("F025", f"pattern {ref.name} already selects output {root.output}", ref.span)
             if ref.capture and root.capture and root.capture != ref.capture:
                 guard = g.rename(guard, {root.capture: ref.capture}) if guard is not None else None
             root = replace(root, output=ref.output or root.output, capture=ref.capture or root.capture)
@@ -74,11 +84,11 @@ class Expander:
             return terms, guard
         params = pdef.params
         if params is None:
-            self.sink.add("F003", f"pattern {pdef.name} declares no parameters; use it bare or declare "
+            self._error("F003", f"pattern {pdef.name} declares no parameters; use it bare or declare "
                           f"{pdef.name}(x, ...)", ref.span)
             return None
         if len(ref.args) != len(params):
-            self.sink.add("F003", f"pattern {pdef.name} takes {len(params)} argument(s), got {len(ref.args)}",
+            self._error("F003", f"pattern {pdef.name} takes {len(params)} argument(s), got {len(ref.args)}",
                           ref.span)
             return None
         self.counter += 1
@@ -95,7 +105,7 @@ class Expander:
                         a = replace(a, capture=f"{prefix}{p}")
                     renames[p] = a.capture  # type: ignore[assignment]
                 else:
-                    self.sink.add("F019", f"pattern {pdef.name}'s guard inspects {p}; pass a tensor, not a "
+                    self._error("F019", f"pattern {pdef.name}'s guard inspects {p}; pass a tensor, not a "
                                   "literal", a.span)
                     return None
             args[p] = a
@@ -149,14 +159,14 @@ class Expander:
         if isinstance(body, Branch):
             shared = new[0]
             if not isinstance(shared, Var):
-                self.sink.add("F019", f"the shared tensor of branch {ref.name} must be passed a variable", ref.span)
+                self._error("F019", f"the shared tensor of branch {ref.name} must be passed a variable", ref.span)
                 return None
             k = 2 if body.shared_term is not None else 1
             return Branch(shared.name, new[1] if k == 2 else None, tuple(new[k:])), guard
         n = len(body.carried)
         carried = new[:n]
         if not all(isinstance(c, Var) for c in carried):
-            self.sink.add("F019", f"the carried values of loop {ref.name} must be passed variables", ref.span)
+            self._error("F019", f"the carried values of loop {ref.name} must be passed variables", ref.span)
             return None
         return Loop(tuple(c.name for c in carried), tuple(new[n:]), body.step_inputs), guard  # type: ignore[union-attr]
 

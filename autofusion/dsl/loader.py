@@ -54,21 +54,22 @@ class _Loader:
         self.order: list[Path] = []
         self.names: dict[Path, str] = {}
 
-    def load(self, path: Path, stack: tuple[Path, ...] = ()) -> None:
+    def load(self, path: Path, stack: tuple[Path, ...] = (), text: str | None = None) -> None:
         key = path.resolve()
         if key in self.loaded:
             return
-        name = display_name(path)
+        name = display_name(path) if text is None else str(path)
         self.names[key] = name
         self.loaded[key] = []
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            self.sink.add("F001", f"the file is not UTF-8 text ({e.reason} at byte {e.start})", Span.point(name))
-            text = ""
-        except OSError as e:
-            self.sink.add("F013", f"cannot read {name}: {e.strerror or e}", Span.point(name))
-            text = ""
+        if text is None:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                self.sink.add("F001", f"the file is not UTF-8 text ({e.reason} at byte {e.start})", Span.point(name))
+                text = ""
+            except OSError as e:
+                self.sink.add("F013", f"cannot read {name}: {e.strerror or e}", Span.point(name))
+                text = ""
         try:
             statements = parse_text(text, name, self.sink)
         except RecursionError:
@@ -130,11 +131,24 @@ class Analysis:
 
 def analyze(paths: Sequence[PathLike], verify: bool = True, registry: OpRegistry | None = None) -> Analysis:
     """Load, check and (with ``verify``) numerically verify the rule files ``paths`` as one program."""
-    registry = registry or default_registry()
     sink = Sink()
     loader = _Loader(sink)
     for f in collect_files(paths):
         loader.load(f)
+    return _finish(loader, sink, verify, registry)
+
+
+def analyze_text(text: str, name: str = "<input>.fuse", verify: bool = True,
+                 registry: OpRegistry | None = None) -> Analysis:
+    """Like :func:`analyze` for rule text that is not in a file; imports resolve next to ``name``."""
+    sink = Sink()
+    loader = _Loader(sink)
+    loader.load(Path(name), text=text)
+    return _finish(loader, sink, verify, registry)
+
+
+def _finish(loader: _Loader, sink: Sink, verify: bool, registry: OpRegistry | None) -> Analysis:
+    registry = registry or default_registry()
     statements = [st for key in loader.order for st in loader.loaded[key]]
     files = [loader.names[k] for k in loader.order]
     program = compile_program(statements, files, registry, sink)

@@ -56,6 +56,7 @@ class Statement:
     wildcards: frozenset[str] = frozenset()
     template_span: Span | None = None
     member_spans: tuple[Span, ...] = ()
+    broken: bool = False  # lowering already found an error in it
 
 
 class Lowerer:
@@ -85,8 +86,10 @@ class Lowerer:
         method = getattr(self, "_" + str(tree.data), None)
         if method is None:
             return None
+        errors = sum(d.is_error for d in self.sink.items)
         st: Statement = method(tree, doc)
         st.wildcards = frozenset(self._wildcards)
+        st.broken = sum(d.is_error for d in self.sink.items) > errors
         return st
 
     def _import_stmt(self, tree: Tree, doc: str) -> Statement:
@@ -254,8 +257,8 @@ class Lowerer:
             for a in rest:
                 if not isinstance(a, Tree):
                     continue
-                if is_open:
-                    self.sink.add("F001", "'...' must be the last argument", self.span(a))
+                if is_open and a.data not in ("kwarg", "rest"):
+                    self.sink.add("F001", "'...' must come after the last input", self.span(a))
                 if a.data == "kwarg":
                     key, value = a.children
                     attrs.append(AttrMatch(str(key), self.attr_value(value), self.span(a)))

@@ -62,7 +62,7 @@ def compile_program(statements: list[Statement], files: list[str], registry: OpR
     for st in statements:
         errors.start()
         _guarded(sink, st, lambda st=st: (resolver.statement(st), _check_terms(terms, st)))
-        if not errors.clean():
+        if st.broken or not errors.clean():
             broken.add(id(st))
     patterns = collect_patterns(statements)
     expander = Expander(patterns, sink)
@@ -127,6 +127,8 @@ def _compile(st: Statement, expander: Expander, rules: RuleChecker) -> Any:
     if st.kind == "pattern":
         body, guards = expander.body(node.body, (node.name,))
         inherited = g.conjoin(*guards)
+        if expander.take_failed():
+            return replace(node, body=body)  # its uses report the problem; nothing sound to check here
         if isinstance(body, Branch):
             terms = ([body.shared_term] if body.shared_term else []) + list(body.members)
             extra = [body.shared]

@@ -13,7 +13,6 @@ from typing import Any
 from autofusion.dsl.diagnostics import Sink, did_you_mean
 from autofusion.dsl.ir import Branch, ClassDef, FusionRule, Loop, OpTerm, PatternDef, PatternRef, Var
 from autofusion.dsl.lower import NameRef, Statement
-from autofusion.ir.graph import FrozenMap
 from autofusion.ops.registry import OpClass, OpRegistry
 
 BUILTIN_CLASSES = (*(c.value for c in OpClass), "any")
@@ -83,6 +82,9 @@ class Resolver:
             return self.name(t)
         if isinstance(t, OpTerm):
             args = tuple(self.term(a) for a in t.args)
+            opdef = self.registry.get(t.op)
+            if opdef is not None and t.open and opdef.max_inputs is not None and len(args) >= opdef.max_inputs:
+                return replace(t, args=args, open=False)  # nothing is left open: Relu(x, ...) is Relu(x)
             if t.op in self.registry or t.op in self.classes:
                 return replace(t, args=args)
             if t.op in self.pattern_names:
@@ -98,7 +100,9 @@ class Resolver:
     def name(self, t: NameRef) -> Any:
         n = t.name
         if n in self.registry or n in self.classes:
-            return OpTerm(n, (), (), t.capture, t.output, True, t.span)
+            opdef = self.registry.get(n)
+            is_open = opdef is None or opdef.max_inputs is None or opdef.max_inputs > 0
+            return OpTerm(n, (), (), t.capture, t.output, is_open, t.span)
         if n in self.pattern_names:
             return PatternRef(n, None, t.output, t.capture, t.span)
         if n[:1].isupper():
@@ -150,10 +154,6 @@ def collect_patterns(statements: list[Statement]) -> dict[str, PatternDef]:
         if st.kind == "pattern" and st.name not in out:
             out[st.name] = st.node
     return out
-
-
-def frozen(mapping: dict[str, Any]) -> FrozenMap[str, Any]:
-    return FrozenMap(mapping)
 
 
 __all__ = ["BUILTIN_CLASSES", "Resolver", "build_classes", "builtin_classes", "collect_patterns"]

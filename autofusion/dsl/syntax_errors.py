@@ -56,7 +56,6 @@ BAD_EXAMPLES: Mapping[str, tuple[str, ...]] = {
         "rewrite r: => x",
         "pattern p =",
         "fuse f: -> template \"pointwise\"",
-        "rewrite r: Add(x, ) => x",
         "pattern p = Relu(x) -> ",
     ),
     "the template name must be a quoted string, e.g. template \"pointwise\"": (
@@ -77,10 +76,16 @@ BAD_EXAMPLES: Mapping[str, tuple[str, ...]] = {
     "conditions are joined with 'and' / 'or'": (
         "fuse f: Relu(x) -> template \"pointwise\" where rank(x) > 1 rank(x) < 3",
         "fuse f: Relu(x) -> template \"pointwise\" where const(x) const(y)",
+        "rewrite r: Relu(x) => x where rank(x) > 1 rank(x) < 3",
+        "rewrite r: Relu(x) => x where const(x) const(y)",
+        "nofuse n: Relu(x) where rank(x) > 1 rank(x) < 3",
+        "pattern p = Relu(x) where rank(x) > 1 rank(x) < 3",
     ),
     "'=' assigns; compare with '=='": (
         "fuse f: Relu(x) -> template \"pointwise\" where rank(x) = 2",
         "rewrite r: Relu(x) => x where dtype(x) = \"float32\"",
+        "nofuse n: Relu(x) where rank(x) = 2",
+        "pattern p = Relu(x) where rank(x) = 2",
     ),
     "priority takes an integer, e.g. priority 10": (
         "fuse f: Relu -> template \"pointwise\" priority high",
@@ -201,13 +206,13 @@ class Classifier:
 
     def message(self, err: UnexpectedInput) -> str:
         """The readable message for a parse error of one statement."""
+        if isinstance(err, UnexpectedCharacters) and err.char == '"':
+            return "unterminated string (a string ends with '\"' on the same line)"
         label = self.match(err) if err.state is not None else None
         found = describe_found(err)
         if label:
             return f"{label}; {found}"
         if isinstance(err, UnexpectedCharacters):
-            if err.char == '"':
-                return "unterminated string (strings end with '\"' on the same line)"
             return f"{found}: not part of the .fuse language"
         expected = sorted(getattr(err, "accepts", None) or getattr(err, "expected", None) or ())
         if expected:
