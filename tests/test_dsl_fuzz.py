@@ -1,0 +1,94 @@
+"""Fuzzing: random text and mutated shipped rule files give diagnostics, never an exception.
+
+No internal error (F024) may appear either: each one would be a checker bug.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autofusion.dsl import Diagnostic, analyze_text
+from autofusion.resources import data_dir
+
+SHIPPED = {p.name: p.read_text(encoding="utf-8") for p in sorted(data_dir("rules").glob("*.fuse"))}
+TOKENS = [
+    "import", "class", "pattern", "rewrite", "fuse", "nofuse", "branch", "loop", "into", "producer", "consumer",
+    "where", "priority", "and", "or", "not", "in", "as", "template", "->", "-> template", "=>", "<=>", "=", "==",
+    "<", ">=", "(", ")", "[", "]", "{", "}", ",", ":", "|", "...", "_", "x", "y", "h", "w", "t", "x[t]", "[1]",
+    "Relu", "Add", "MatMul", "Split", "Softmax", "Conv", "LSTM", "Reluu", "pointwise", "act", "any", "rank(x)",
+    "dim(x, -1)", "const(w)", "attr(n, \"axis\")", "numel", "0", "1", "-1", "2.5", "1e-5", '"pointwise"',
+    '"core.fuse"', '"x', "#", "##", "\n", "\n", " ", "axis=-1", "alpha=a", "$", "\t",
+]
+
+_settings = settings(max_examples=60, deadline=2000, derandomize=True,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _check(text: str, verify: bool = False) -> list[Diagnostic]:
+    diags = analyze_text(text, "fuzz.fuse", verify=verify).diagnostics
+    assert all(isinstance(d, Diagnostic) for d in diags)
+    assert not [d for d in diags if d.code == "F024"], [d.message for d in diags if d.code == "F024"]
+    for d in diags:
+        assert d.span.line >= 1 and d.span.col >= 1
+    return diags
+
+
+@_settings
+@given(st.text(max_size=300))
+def test_random_text(text: str) -> None:
+    _check(text)
+
+
+@_settings
+@given(st.lists(st.sampled_from(TOKENS), max_size=60))
+def test_random_token_soup(tokens: list[str]) -> None:
+    _check(" ".join(tokens))
+
+
+@st.composite
+def _mutated(draw: st.DrawFn) -> str:
+    text = SHIPPED[draw(st.sampled_from(sorted(SHIPPED)))]
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["delete", "insert", "duplicate", "swap", "truncate"]))
+        i = draw(st.integers(0, len(text)))
+        if kind == "delete":
+            text = text[:i] + text[i + draw(st.integers(1, 12)):]
+        elif kind == "insert":
+            text = text[:i] + draw(st.sampled_from(TOKENS)) + text[i:]
+        elif kind == "truncate":
+            text = text[:i]
+        else:
+            lines = text.split("\n")
+            a, b = draw(st.integers(0, len(lines) - 1)), draw(st.integers(0, len(lines) - 1))
+            if kind == "duplicate":
+                lines.insert(a, lines[b])
+            else:
+                lines[a], lines[b] = lines[b], lines[a]
+            text = "\n".join(lines)
+    return text
+
+
+@_settings
+@given(_mutated())
+def test_mutated_shipped_files(text: str) -> None:
+    _check(text)
+
+
+@settings(max_examples=12, deadline=10000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutated())
+def test_mutated_shipped_files_with_verification(text: str) -> None:
+    _check(text, verify=True)
+
+
+def test_deep_nesting_is_a_diagnostic_not_a_crash() -> None:
+    deep = "rewrite r: " + "Neg(" * 400 + "x" + ")" * 400 + " => x\n"
+    diags = analyze_text(deep, "deep.fuse", verify=False).diagnostics
+    assert all(d.code != "F024" or "nested too deeply" in d.message for d in diags)
+
+
+def test_shipped_files_are_the_fuzz_seeds() -> None:
+    assert set(SHIPPED) >= {"core.fuse", "transformer.fuse", "cnn.fuse", "rnn.fuse"}
+    assert all(Path(data_dir("rules") / name).is_file() for name in SHIPPED)

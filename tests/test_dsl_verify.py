@@ -1,0 +1,116 @@
+"""Numerical verification of rewrites, and building fusion patterns as graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autofusion.dsl import analyze_text
+from autofusion.dsl.instantiate import Env, GraphMaker, Trial
+from autofusion.dsl.ir import Var
+from autofusion.ir import run_graph
+from autofusion.ops import default_registry
+
+
+def _diags(text: str) -> list:
+    return analyze_text(text, "v.fuse", verify=True).diagnostics
+
+
+def test_a_wrong_rewrite_is_rejected_with_a_counterexample() -> None:
+    (d,) = _diags("rewrite swap: Sub(a, b) => Sub(b, a)\n")
+    assert d.code == "F022" and d.span.line == 1
+    assert d.data["max_error"] > 0.1
+    assert set(d.data["inputs"]) == {"a", "b"} and all(s.startswith("float32[") for s in d.data["inputs"].values())
+    assert any(n.startswith("counterexample inputs: a: float32[") for n in d.notes)
+    assert any("left" in n and "right" in n for n in d.notes)
+
+
+def test_correct_rewrites_pass() -> None:
+    text = '''
+rewrite sub: Sub(a, b) => Add(a, Neg(b))
+rewrite gelu: Mul(x, Mul(0.5, Add(Erf(Div(x, 1.4142135623730951)), 1.0))) => Gelu(x)
+rewrite softmax: Div(Exp(Sub(x, ReduceMax(x, axes=[-1]))), ReduceSum(Exp(Sub(x, ReduceMax(x, axes=[-1]))), axes=[-1]))
+    => Softmax(x, axis=-1)
+rewrite leaky: LeakyRelu(x, alpha=a) => Max(x, Mul(x, a)) where a >= 0 and a <= 1
+rewrite mm_assoc: MatMul(MatMul(a, b), c) => MatMul(a, MatMul(b, c))
+'''
+    assert _diags(text) == []
+
+
+def test_rules_that_only_hold_for_positive_inputs_fail() -> None:
+    codes = [(d.code, d.span.line) for d in _diags("rewrite r: Relu(x) => x\nrewrite s: Sqrt(Mul(x, x)) => x\n")]
+    assert codes == [("F022", 1), ("F022", 2)]
+
+
+def test_shape_changes_and_ill_typed_right_sides_are_mismatches() -> None:
+    text = ("rewrite keep: ReduceSum(x, axes=[-1]) => ReduceSum(x, axes=[-1], keepdims=0)\n"
+            "rewrite typed: Relu(x) => MatMul(x, x) where rank(x) == 1\n"
+            "rewrite out_of_range: Relu(x) => LeakyRelu(x, alpha=a)\n")
+    diags = [d for d in _diags(text) if d.code == "F022"]
+    assert [d.span.line for d in diags] == [1, 2]
+    assert "right side gives" in diags[0].message or "float32[" in diags[0].message
+
+
+def test_attribute_guards_select_the_values_tried() -> None:
+    ok = "rewrite leaky: LeakyRelu(x, alpha=a) => Max(x, Mul(x, a)) where a >= 0 and a <= 1\n"
+    wrong = "rewrite leaky: LeakyRelu(x, alpha=a) => Max(x, Mul(x, a)) where a > 1\n"
+    assert _diags(ok) == []
+    (d,) = _diags(wrong)
+    assert d.code == "F022" and d.data["attributes"]["a"] > 1
+
+
+def test_constness_guards_make_constants_and_bn_folding_verifies() -> None:
+    text = '''
+pattern k(s, v, e) = Div(s, Sqrt(Add(v, e)))
+rewrite fold: BatchNormalization(Conv(x, w), s, beta, m, v, epsilon=e)
+    => Conv(x, Mul(w, Reshape(k(s, v, e), [-1, 1, 1, 1])), Sub(beta, Mul(m, k(s, v, e))))
+    where const(w) and const(s) and const(beta) and const(m) and const(v) and rank(w) == 4
+rewrite wrong_fold: BatchNormalization(Conv(x, w), s, beta, m, v, epsilon=_)
+    => Conv(x, Mul(w, Reshape(s, [-1, 1, 1, 1])), Sub(beta, m))
+    where const(w) and const(s) and const(beta) and const(m) and const(v) and rank(w) == 4
+'''
+    diags = _diags(text)
+    assert [(d.code, d.span.line) for d in diags] == [("F022", 6)]
+    assert "w: float32[" in diags[0].notes[0] and "const" in diags[0].notes[0]
+
+
+def test_unreachable_guards_leave_a_rewrite_unverified() -> None:
+    (d,) = _diags("rewrite r: Relu(x) => Relu(Relu(x)) where numel(x) == 1000003\n")[-1:]
+    assert d.code == "F023"
+
+
+def test_verification_is_deterministic() -> None:
+    text = "rewrite swap: Sub(a, b) => Sub(b, a)\nrewrite r: Relu(x) => x\n"
+    first = [(d.code, d.message, d.notes) for d in _diags(text)]
+    assert first == [(d.code, d.message, d.notes) for d in _diags(text)]
+
+
+def test_fusion_patterns_are_built_and_loops_keep_their_types() -> None:
+    good = '''
+fuse lin: MatMul(x, w) -> Add(b) -> Gelu -> template "gemm_epilogue"
+fuse br: branch s = Add(x, y) { LayerNormalization(s, g, b, ...), Relu(s), s } -> template "multi_output"
+fuse rnn: loop (h) { h = Tanh(Add(MatMul(x[t], w), MatMul(h, u))) } -> template "lstm_scan"
+'''
+    assert _diags(good) == []
+    shrinking = 'fuse bad: loop (h) { h = ReduceSum(h, axes=[-1], keepdims=0) } -> template "lstm_scan"\n'
+    (d,) = _diags(shrinking)
+    assert d.code == "F023" and "carried" in d.message
+
+
+def test_graph_maker_builds_runnable_graphs_with_shared_bindings() -> None:
+    registry = default_registry()
+    rules = analyze_text("rewrite r: Add(MatMul(x, w), b) => Add(b, MatMul(x, w)) where const(w)\n", "m.fuse",
+                         verify=False).program.ruleset
+    (rw,) = rules.rewrites
+    trial = Trial(np.random.default_rng(0), base=3, const_vars=frozenset({"w"}))
+    env = Env()
+    left = GraphMaker(registry, rules.ops_of, trial, env)
+    out = left.build(rw.lhs)
+    graph = left.graph([out])
+    assert "v_w" in graph.constants and "v_x" in graph.inputs  # const(w) makes w a constant
+    right = GraphMaker(registry, rules.ops_of, trial, env, allow_fresh=False)
+    r_out = right.build(rw.rhs)
+    feeds = left.feeds()
+    np.testing.assert_allclose(run_graph(graph, feeds)[out], run_graph(right.graph([r_out]), feeds)[r_out],
+                               rtol=1e-6)
+    assert env.vars["x"].type.shape[-1] == env.vars["w"].type.shape[0]
+    assert isinstance(rw.lhs.args[0].args[0], Var)
