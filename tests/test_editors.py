@@ -4,6 +4,7 @@ language server (run as a real subprocess speaking LSP over stdio)."""
 from __future__ import annotations
 
 import json
+import plistlib
 import queue
 import re
 import subprocess
@@ -148,6 +149,8 @@ def test_pyproject_declares_the_editor_entry_points() -> None:
     assert project["scripts"]["autofusion-lsp"] == "autofusion.editors.lsp:main"
     assert any(dep.startswith("pygls") for dep in project["optional-dependencies"]["lsp"])
     assert FuseLexer.aliases == ["fuse"] and FuseLexer.filenames == ["*.fuse"]
+    assert FuseLexer.analyse_text('fuse f: Relu -> template "pointwise"\n') > 0
+    assert FuseLexer.analyse_text("def fuse(x):\n    return x\n") == 0
 
 
 # ---- TextMate grammar ------------------------------------------------------------------------------
@@ -210,6 +213,11 @@ def test_textmate_regexes_compile_and_scopes_exist() -> None:
                   "comment.line.double-slash.fuse", "string.quoted.double.fuse", "constant.numeric.float.fuse",
                   "constant.numeric.integer.fuse", "keyword.operator.arrow.fuse", "keyword.operator.rewrite.fuse"):
         assert scope in names, scope
+
+
+def test_textmate_converts_to_a_property_list_for_sublime() -> None:
+    grammar = json.loads(TM_FILE.read_text(encoding="utf-8"))
+    assert plistlib.loads(plistlib.dumps(grammar)) == grammar  # the README's one-line conversion
 
 
 def test_textmate_classifies_a_sample_line() -> None:
@@ -517,6 +525,16 @@ def test_lsp_survives_bad_input(lsp: LspClient, tmp_path: Path) -> None:
     # still answering
     assert _labels(lsp, untitled, 0, 9)["Relu"]["kind"] == 3
     assert lsp.proc.poll() is None
+
+
+def test_lsp_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autofusion.editors.lsp import main
+
+    assert main(["--log-file", str(tmp_path / "no" / "such" / "dir" / "log.txt")]) == 2
+    assert "cannot open log file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as version:
+        main(["--version"])
+    assert version.value.code == 0 and "autofusion-lsp" in capsys.readouterr().out
 
 
 def test_lsp_shutdown_and_exit(lsp: LspClient) -> None:

@@ -229,12 +229,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="log debug messages")
     parser.add_argument("--version", action="version", version=f"{NAME} {VERSION}")
     args = parser.parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING
     try:
-        logging.basicConfig(filename=args.log_file, level=level, format="%(asctime)s %(name)s %(message)s")
+        handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
     except OSError as e:
         print(f"{NAME}: cannot open log file {args.log_file}: {e.strerror or e}", file=sys.stderr)
         return 2
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    for logger in (_log, logging.getLogger("pygls")):
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     protocol_out = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the protocol stream
     create_server().start_io(sys.stdin.buffer, protocol_out)
