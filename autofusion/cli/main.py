@@ -19,6 +19,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "autofusion.cli.cmd_run",
     "autofusion.cli.cmd_fuse",
     "autofusion.cli.cmd_explain",
+    "autofusion.cli.cmd_viz",
 )
 
 
