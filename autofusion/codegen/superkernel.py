@@ -15,7 +15,9 @@ that calls them one at a time (the baseline without fusion).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from autofusion.decide.plan import Plan
 from autofusion.ir.types import DType
 from autofusion.ops.registry import OpRegistry, default_registry
 
-UNIT_CHARS = 40_000  # about this much C per translation unit, so big plans compile in parallel
+UNIT_CHARS = 20_000  # about this much C per translation unit, so plans compile in parallel
 MAX_UNITS = 8
 
 
@@ -43,6 +45,7 @@ class LibrarySource:
     constants: tuple[tuple[str, np.ndarray], ...]  # what af_create receives, in order
     buffers: BufferPlan | None = None
     uses_blas: bool = False
+    function: Mapping[str, str] = field(default_factory=dict)  # group -> C function that runs it
 
     @property
     def text(self) -> str:
@@ -57,6 +60,38 @@ def render_kernels(plan: Plan, templates: TemplateSet, registry: OpRegistry) -> 
         if k is not None:
             out.append(k)
     return out
+
+
+def canonical_code(k: KernelSource) -> str:
+    """The kernel's code without comments and with positional names: equal for kernels that differ
+    only in tensor and function names."""
+    text = re.sub(r"/\*.*?\*/", "", k.code)
+    for i, p in enumerate(k.params):
+        text = re.sub(rf"\b{re.escape(p.ident)}\b", f"@p{i}", text)
+    return re.sub(rf"\b{re.escape(k.name)}\b", "@kernel", text)
+
+
+def share_kernels(kernels: list[KernelSource]) -> tuple[list[KernelSource], dict[str, str]]:
+    """Kernels with identical canonical code compiled once: (unique kernels, group -> function name).
+
+    The shared function keeps the first group's readable names and says which groups use it.
+    """
+    first: dict[str, KernelSource] = {}
+    users: dict[str, list[str]] = {}
+    function: dict[str, str] = {}
+    for k in kernels:
+        key = canonical_code(k)
+        rep = first.setdefault(key, k)
+        users.setdefault(rep.name, []).append(k.group.name)
+        function[k.group.name] = rep.name
+    unique = []
+    for k in first.values():
+        others = [u for u in users[k.name] if u != k.group.name]
+        if others:
+            note = c_comment_text("also runs " + ", ".join(others) + " (same code up to tensor names)")
+            k = replace(k, code=f"/* {note} */\n{k.code}")
+        unique.append(k)
+    return unique, function
 
 
 def _units(title: str, kernels: list[KernelSource], templates: TemplateSet, exported: bool,
@@ -90,6 +125,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     g = plan.graph
     kernels = render_kernels(plan, templates, registry)
     by_group = {k.group.name: k for k in kernels}
+    unique, function = share_kernels(kernels)
     buffers = plan_buffers(plan, {k.group.name: k.scratch_bytes for k in kernels})
     names = NameTable("t_", reserved=frozenset({"ctx", "ws", "inputs", "outputs", "nt"}))
 
@@ -131,7 +167,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
             scratch = buffers.scratch.get(group.name)
             args.append(f"ws + {scratch}" if scratch is not None else "ws")
             args.append("nt")
-            lines.append(f"{k.name}({', '.join(args)});")
+            lines.append(f"{function[group.name]}({', '.join(args)});")
         for src, out in buffers.view_copies.get(group.name, ()):
             base = buffers.placements[src].base
             lines.append(f"memcpy(outputs[{out}], {names(base)}, {g.types[src].nbytes});")
@@ -139,14 +175,15 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     final = [f"memcpy(outputs[{i}], {names(t)}, {g.types[t].nbytes});" for t, i in buffers.final_copies]
 
     title = f"autofusion SuperKernel of {g.name!r} ({plan.strategy or 'plan'})"
-    units = _units(title, kernels, templates, exported=False, prefix="kernels_")
+    units = _units(title, unique, templates, exported=False, prefix="kernels_")
     main = templates.render(
         "superkernel.c.j2", title=c_comment_text(title),
-        summary=c_comment_text(f"{len(g.nodes)} nodes in {len(plan.groups)} groups, {len(kernels)} kernels"),
-        workspace=buffers.workspace_bytes, blas=False, kernels=kernels, consts=consts,
+        summary=c_comment_text(f"{len(g.nodes)} nodes in {len(plan.groups)} groups, {len(kernels)} kernels "
+                               f"({len(unique)} distinct)"),
+        workspace=buffers.workspace_bytes, blas=False, kernels=unique, consts=consts,
         n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final)
     return LibrarySource("superkernel", tuple(units) + (("main.c", main),), templates.runtime_header(),
-                         tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels))
+                         tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels), function)
 
 
 def render_unfused(plan: Plan, templates: TemplateSet | None = None,
@@ -155,10 +192,11 @@ def render_unfused(plan: Plan, templates: TemplateSet | None = None,
     templates = templates or TemplateSet()
     registry = registry or default_registry()
     kernels = render_kernels(plan, templates, registry)
-    title = f"autofusion kernels of {plan.graph.name!r}, one entry per group"
-    units = _units(title, kernels, templates, exported=True, prefix="ops_")
+    unique, function = share_kernels(kernels)
+    title = f"autofusion kernels of {plan.graph.name!r}, one entry per distinct kernel"
+    units = _units(title, unique, templates, exported=True, prefix="ops_")
     return LibrarySource("kernels", tuple(units), templates.runtime_header(), tuple(kernels), (), None,
-                         any(k.uses_blas for k in kernels))
+                         any(k.uses_blas for k in kernels), function)
 
 
 def _ctype(dtype: DType) -> str:

@@ -52,7 +52,7 @@ class UnfusedRunner:
             if k is None:
                 self._steps.append(("view", group))
                 continue
-            fn = getattr(lib, f"af_call_{k.name}")
+            fn = getattr(lib, f"af_call_{self.source.function[group.name]}")
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             self._steps.append(("kernel", (k, fn, [np.ascontiguousarray(a) for _, a in k.derived])))

@@ -1,0 +1,189 @@
+"""Conv with a fused epilogue (``conv_epilogue``): im2col + sgemm per image and group, epilogue per tile.
+
+For each image and group the input is unfolded into a [C/g * taps, out positions] matrix (skipped
+for 1x1 kernels with stride 1 and no padding), then output tiles of [channels x whole output rows]
+are computed by sgemm in parallel and, while each tile is in cache, the epilogue (bias, folded
+BatchNormalization, Relu/Clip, residual Add, ...) runs on it. 1-D and 3-D convolutions use the same
+code with unit leading spatial axes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autofusion.codegen import index as ix
+from autofusion.codegen.index import Index
+from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
+from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.loopnest import LoopNest, op_handlers
+from autofusion.codegen.names import c_comment_text
+from autofusion.codegen.views import strided_view
+from autofusion.ir.graph import Node
+from autofusion.ir.types import DType
+from autofusion.ops.common import ints
+from autofusion.ops.spatial import window
+
+TILE_M = 64
+TILE_P = 256
+PARALLEL_MIN_FLOPS = 1 << 19
+
+
+def _pad3(values: tuple[int, ...] | list[int], fill: int) -> list[int]:
+    return [fill] * (3 - len(values)) + list(values)
+
+
+class _Conv:
+    def __init__(self, k: KernelContext, nodes: list[Node], core: Node) -> None:
+        self.k, self.g, self.core = k, k.graph, core
+        self.members = frozenset(n.name for n in nodes)
+        self.non_core = self.members - {core.name}
+        self.handlers = op_handlers()
+        self.prologue: list[str] = []
+        self.epilogue: list[str] = []
+        k.uses_blas = True
+
+    def _buffer(self, tensor: str) -> str:
+        """A pointer to ``tensor`` laid out contiguously (computed into scratch when needed)."""
+        if self.g.types[tensor].dtype != DType.FLOAT32:
+            raise self.k.error(f"Conv operands must be float32, {tensor!r} is {self.g.types[tensor].dtype}", self.core)
+        view = strided_view(self.g, self.non_core, tensor, self.k.pointer)
+        if view is not None and view.contiguous:
+            return view.ptr if view.offset == 0 else f"({view.ptr} + {view.offset})"
+        off = self.k.scratch(self.g.types[tensor].nbytes)
+        ptr = f"((float*)(scratch + {off}))"
+        self.prologue.append(LoopNest(self.k, self.non_core, handlers=self.handlers).render([(tensor, ptr)]))
+        return ptr
+
+    def _depends_on_core(self, tensor: str, seen: dict[str, bool]) -> bool:
+        if tensor in seen:
+            return seen[tensor]
+        node = self.g.producers.get(tensor)
+        hit = False
+        if node is not None and node.name in self.members:
+            hit = node is self.core or node.name == self.core.name or any(
+                self._depends_on_core(t, seen) for t in node.inputs if t)
+        seen[tensor] = hit
+        return hit
+
+    def render(self) -> str:
+        core, g, k = self.core, self.g, self.k
+        x_t, w_t = core.inputs[0], core.inputs[1]
+        bias_t = core.inputs[2] if len(core.inputs) > 2 else ""
+        y = core.outputs[0]
+        xs, ws, ys = g.types[x_t].shape, g.types[w_t].shape, g.types[y].shape
+        spatial = len(xs) - 2
+        if spatial < 1 or spatial > 3:
+            raise k.error(f"Conv with {spatial} spatial axes is not supported", core)
+        groups = int(core.attrs.get("group", 1))
+        win = window(xs[2:], ints(core.attrs.get("kernel_shape") or ws[2:]), core.attrs.get)
+        n_img, channels, m = xs[0], xs[1], ws[0]
+        cg, mg = channels // groups, m // groups
+        ind, inh, inw = _pad3(list(xs[2:]), 1)
+        kd, kh, kw = _pad3(list(win.kernel), 1)
+        od, oh, ow = _pad3(list(win.out), 1)
+        sd, sh, sw = _pad3(list(win.strides), 1)
+        dd, dh, dw = _pad3(list(win.dilations), 1)
+        pd, ph, pw = _pad3(list(win.pad_begin), 0)
+        taps = kd * kh * kw
+        kc, p = cg * taps, od * oh * ow
+        im2col = not (taps == 1 and (sd, sh, sw) == (1, 1, 1) and (pd, ph, pw) == (0, 0, 0) and
+                      tuple(win.pad_end) == (0,) * spatial)
+        x_ptr = self._buffer(x_t)
+        w_ptr = self._buffer(w_t)
+        col_ptr = f"((float*)(scratch + {k.scratch(kc * p * 4)}))" if im2col else ""
+
+        outputs = list(k.group.outputs)
+        aligned, late, early = [], [], []
+        for t in outputs:
+            dest = k.pointer(t)
+            if not self._depends_on_core(t, {}):
+                early.append((t, dest))
+            elif self._aligned(t, 1):
+                aligned.append((t, dest))
+            else:
+                late.append((t, dest))
+        ybuf = ""
+        if y in outputs:
+            ybuf = k.pointer(y)
+        elif late:
+            ybuf = f"((float*)(scratch + {k.scratch(g.types[y].nbytes)}))"
+            if bias_t:
+                aligned.insert(0, (y, ybuf))
+        if early:
+            self.prologue.append(LoopNest(k, self.non_core, handlers=self.handlers).render(early))
+        mb = mg if mg <= TILE_M * 3 // 2 else TILE_M
+        rows_per_tile = max(1, TILE_P // ow)
+        pb = min(p, ow * rows_per_tile)
+        tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
+        if ybuf:
+            c_ptr, ldc = f"{ybuf} + (n * {m} + gi * {mg} + m0) * {p} + p0", p
+        else:
+            c_ptr, ldc = "tile", pb
+
+        inl = Inliner(k, self.non_core, self.handlers)
+        inl.overrides[y] = self._tile_override(ldc, ow, bias_t, inl)
+        body = Block()
+        idx = self._y_index()
+        for t, dest in aligned:
+            if t == y and not bias_t and dest == ybuf:
+                continue
+            v = inl.value(t, idx, body)
+            body.emit(f"{dest}[{ix.linear(idx, ys)}] = {v};")
+        sp_dims = list(range(2, len(ys)))
+        row_lines = [f"const int64_t i{d} = {e};" for d, e in zip(sp_dims[:-1], ix.delinear("srow", list(ys[2:-1])))
+                     if ys[d] > 1]
+        col_lines = [f"const int64_t i{sp_dims[-1]} = ow;"] if ys[-1] > 1 else ["(void)ow;"]
+        if late:
+            members = frozenset(self.non_core)
+            over: dict[str, Override] = {y: lambda ix_, blk: f"{ybuf}[{ix.linear(ix_, ys)}]"}
+            self.epilogue.append(LoopNest(k, members, overrides=over, handlers=self.handlers).render(late))
+        flops = 2 * n_img * m * p * kc
+        ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
+        return k.templates.render(
+            "conv_epilogue.c.j2",
+            comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
+                                   f"im2col {'yes' if im2col else 'no'}; epilogue per tile: {ops}"),
+            prologue=self.prologue, epilogue=self.epilogue, parallel=flops >= PARALLEL_MIN_FLOPS,
+            tile_floats=0 if ybuf else mb * pb, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
+            cg=cg, in_size=ind * inh * inw, im2col=im2col, col_ptr=col_ptr, kc=kc, taps=taps, kd=kd, kh=kh,
+            kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
+            pd=pd, ph=ph, pw=pw, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
+            w_ptr=w_ptr, body=body.lines, row_lines=row_lines, col_lines=col_lines)
+
+    def _y_index(self) -> Index:
+        ys = self.g.types[self.core.outputs[0]].shape
+        return tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(ys))
+
+    def _tile_override(self, ldc: int, ow: int, bias_t: str, inl: Inliner) -> Override:
+        expected = self._y_index()
+
+        def override(idx: Index, block: Block) -> str:
+            if tuple(idx) != expected:
+                raise Misaligned(self.core.name)
+            expr = f"c[mi * {ldc} + q * {ow} + ow]"
+            if bias_t:
+                expr += f" + {inl.value(bias_t, (idx[1],), block)}"
+            return expr
+
+        return override
+
+    def _aligned(self, tensor: str, ldc: int) -> bool:
+        y = self.core.outputs[0]
+        if self.g.types[tensor].shape != self.g.types[y].shape:
+            return False
+        if LoopNest(self.k, self.non_core, handlers=self.handlers).reductions_behind(tensor):
+            return False
+        inl = Inliner(self.k, self.non_core, self.handlers)
+        inl.overrides[y] = self._tile_override(ldc, 1, "", inl)
+        try:
+            inl.value(tensor, self._y_index(), Block())
+        except Misaligned:
+            return False
+        return True
+
+
+def render_conv(k: KernelContext, nodes: list[Node], core: Node) -> str:
+    """Body of a ``conv_epilogue`` group around ``core``."""
+    if math.prod(k.graph.types[core.outputs[0]].shape) == 0:
+        return "/* empty output */"
+    return _Conv(k, nodes, core).render()
