@@ -56,7 +56,7 @@ def _kinds(text: str) -> dict[str, set[Any]]:
 def _tutorial_blocks() -> list[str]:
     if not TUTORIAL.is_file():
         return []
-    return re.findall(r"^```fuse[ \t]*\n(.*?)^```", TUTORIAL.read_text(encoding="utf-8"), re.M | re.S)
+    return re.findall(r"^```fuse\b[^\n]*\n(.*?)^```", TUTORIAL.read_text(encoding="utf-8"), re.M | re.S)
 
 
 # ---- Pygments lexer ------------------------------------------------------------------------------
@@ -258,8 +258,9 @@ _PYGMENTS_TO_SCOPE = {
 }
 
 
-@pytest.mark.parametrize("text", [SAMPLE, *(p.read_text(encoding="utf-8") for p in RULE_FILES)],
-                         ids=["sample", *(p.name for p in RULE_FILES)])
+@pytest.mark.parametrize("text", [SAMPLE, *(p.read_text(encoding="utf-8") for p in RULE_FILES),
+                                  "\n".join(_tutorial_blocks())],
+                         ids=["sample", *(p.name for p in RULE_FILES), "tutorial"])
 def test_textmate_agrees_with_the_lexer(text: str) -> None:
     grammar = build_grammar()
     lines = text.split("\n")
