@@ -25,7 +25,7 @@ try:
     try:
         from pygls.lsp.server import LanguageServer  # pygls 2
     except ImportError:  # pygls 1.x
-        from pygls.server import LanguageServer  # type: ignore[no-redef]
+        from pygls.server import LanguageServer  # type: ignore[no-redef,attr-defined]
 except ImportError as missing:  # pragma: no cover - exercised only without the extra installed
     raise ImportError("autofusion-lsp needs pygls: pip install 'autofusion[lsp]'") from missing
 
@@ -205,7 +205,7 @@ def _publish(ls: LanguageServer, uri: str, diagnostics: list[types.Diagnostic], 
         ls.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics, version=version))
     else:  # pygls 1.x
-        ls.publish_diagnostics(uri, diagnostics, version=version)
+        ls.publish_diagnostics(uri, diagnostics, version=version)  # type: ignore[attr-defined]
 
 
 def _report(ls: LanguageServer, where: str, error: BaseException) -> None:
@@ -216,7 +216,7 @@ def _report(ls: LanguageServer, where: str, error: BaseException) -> None:
         if hasattr(ls, "window_log_message"):
             ls.window_log_message(types.LogMessageParams(type=types.MessageType.Error, message=message))
         else:  # pygls 1.x
-            ls.show_message_log(message, types.MessageType.Error)
+            ls.show_message_log(message, types.MessageType.Error)  # type: ignore[attr-defined]
     except Exception:
         _log.exception("could not send the log message")
 
