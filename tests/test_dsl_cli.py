@@ -65,6 +65,11 @@ def test_json_output_carries_counterexamples(capsys: pytest.CaptureFixture[str])
     assert set(swap["data"]["inputs"]) == {"a", "b"}
 
 
+def test_a_directory_without_rule_files_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = _run(capsys, "check", str(tmp_path))
+    assert code == 2 and "no .fuse files" in err
+
+
 @pytest.mark.parametrize("argv", [
     ["check"],
     ["check", "does/not/exist.fuse"],

@@ -5,6 +5,7 @@ No internal error (F024) may appear either: each one would be a checker bug.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -92,3 +93,43 @@ def test_deep_nesting_is_a_diagnostic_not_a_crash() -> None:
 def test_shipped_files_are_the_fuzz_seeds() -> None:
     assert set(SHIPPED) >= {"core.fuse", "transformer.fuse", "cnn.fuse", "rnn.fuse"}
     assert all(Path(data_dir("rules") / name).is_file() for name in SHIPPED)
+
+
+def _registry():  # type: ignore[no-untyped-def]
+    from autofusion.ops import default_registry
+
+    return default_registry()
+
+
+@st.composite
+def _random_rewrite(draw: st.DrawFn) -> str:
+    """A rewrite over random registry ops with fitting arities: mostly wrong, never a crash."""
+    registry = _registry()
+    ops = sorted(d.name for d in registry if d.min_inputs >= 1 and d.min_inputs <= 3)
+
+    def term(depth: int, leaves: list[str], built: bool) -> str:
+        if depth == 0 or draw(st.integers(0, 3)) == 0:
+            return draw(st.sampled_from(leaves))
+        opdef = registry[draw(st.sampled_from(ops))]
+        n = draw(st.integers(opdef.min_inputs, min(opdef.max_inputs or 3, 3)))
+        args = [term(depth - 1, leaves, built) for _ in range(n)]
+        if opdef.attrs and draw(st.booleans()):
+            name = draw(st.sampled_from(sorted(opdef.attrs)))
+            default = opdef.attrs[name]
+            literal = repr(default) if isinstance(default, (int, float)) else None
+            choices = [literal] if built else ["a", "_", literal or "a"]
+            if choices[0] is not None:
+                args.append(f"{name}={draw(st.sampled_from(choices))}")
+        return f"{opdef.name}({', '.join(args)})"
+
+    lhs = term(3, ["x", "y", "0.5", "[2, -1]"], built=False)
+    bound = [v for v in ("x", "y") if re.search(rf"\b{v}\b", lhs)]
+    rhs = term(2, bound + ["2.0"], built=True)
+    guard = draw(st.sampled_from(["", " where const(y)", " where rank(x) == 2"]))
+    return f"rewrite fuzz: {lhs} => {rhs}{guard}\n"
+
+
+@settings(max_examples=40, deadline=10000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(_random_rewrite())
+def test_random_rewrites_over_registry_ops_verify_without_crashing(text: str) -> None:
+    _check(text, verify=True)

@@ -8,7 +8,8 @@
     autofusion-rules list --ops                       # op names by class, from the op registry
 
 Exit status: 0 when no error was found (warnings allowed), 1 when an error was found, 2 for a
-usage error (no paths, unknown option or code, a path that does not exist).
+usage error (no paths, unknown option or code, a path that does not exist, a directory without
+``.fuse`` files).
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     missing = _missing(args.paths)
     if missing:
         return _usage(parser, f"no such file or directory: {', '.join(missing)}")
-    from autofusion.dsl.loader import analyze
+    from autofusion.dsl.loader import analyze, collect_files
     from autofusion.dsl.reporter import format_text, to_json
 
+    if not collect_files(args.paths):
+        return _usage(parser, f"no .fuse files in {', '.join(args.paths)}")
     analysis = analyze(args.paths, verify=not args.no_verify)
     if args.format == "json":
         print(to_json(analysis.diagnostics, analysis.program.ruleset.files))

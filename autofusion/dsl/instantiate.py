@@ -26,6 +26,7 @@ from autofusion.ops.registry import OpRegistry, ShapeError
 
 MAX_RANK = 4
 CANDIDATES_PER_OP = 48
+MAX_ELEMENTS = 1 << 20  # a rule whose instance would be huge (ConstantOfShape([10**6, 10**6])) is not run
 
 
 class NoInstance(Exception):
@@ -216,8 +217,12 @@ class GraphMaker:
             try:
                 types = infer_node(node, {**self.types, **new_types},
                                    {**self.consts, **new_consts}, self.registry)
-            except (ShapeError, ValueError, TypeError, IndexError, KeyError, ZeroDivisionError):
+            except ShapeError:
                 continue
+            except Exception:  # an op's inference rejecting odd inputs in its own way: not an instance either
+                continue
+            if any(t.numel > MAX_ELEMENTS for t in types):
+                raise NoInstance(f"{op} would produce more than {MAX_ELEMENTS} elements")
             self._commit(assignment, new_consts, new_types)
             for o, ty in zip(outs, types):
                 self.types[o] = ty

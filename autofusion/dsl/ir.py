@@ -19,7 +19,7 @@ Terms (``Term = OpTerm | Var | Literal | PatternRef``)
     ``OpTerm(op, args, attrs, capture, output, open)``: ``op`` is a concrete ONNX op or a class
     name (expand with ``ops_of``). ``args`` match the first inputs; with ``open`` the op may have
     more inputs than ``args`` (written ``...``; a bare op name and every step of an arrow chain
-    is open), otherwise exactly ``len(args)``. ``output`` selects an output of a multi-output op
+    is open, unless the op takes no further inputs), otherwise exactly ``len(args)``. ``output`` selects an output of a multi-output op
     (``Split(x, ...)[1]``). ``capture`` names the node (``Softmax(x) as s``) so guards can read it.
     ``Var(name, step)``: a tensor; the same name twice is the same tensor. ``step`` marks a
     per-time-step input of a loop body (``x[t]``). Names starting with ``_`` are anonymous

@@ -2,6 +2,11 @@
 
 Each label is the message shown; its examples are statements that fail at the same parser state.
 When no example matches, the message lists what the parser expected instead.
+
+:class:`Classifier` matches as ``UnexpectedInput.match_examples`` does (same LALR state and
+accepted tokens, an exact token match first) but parses the table once per parser instead of at
+every error; lark 1.3's own method also fails on some states of the contextual lexer (its debug
+message formats the parser state with ``%d``).
 """
 
 from __future__ import annotations
