@@ -98,7 +98,11 @@ def parse_text(text: str, file: str, sink: Sink) -> list[Statement]:
             sink.add("F001", gr.classifier.message(err), _error_span(err, chunk, file))
             continue
         for stmt_tree in tree.children:
-            st = lowerer.statement(stmt_tree, chunk.doc)
+            try:
+                st = lowerer.statement(stmt_tree, chunk.doc)
+            except RecursionError:
+                sink.add("F001", "this statement is nested too deeply to read", Span.point(file, chunk.start_line))
+                continue
             if st is not None:
                 out.append(st)
     return out
