@@ -131,8 +131,8 @@ class _Conv:
             body.emit(f"{dest}[{ix.linear(idx, ys)}] = {v};")
         sp_dims = list(range(2, len(ys)))
         row_lines = [f"const int64_t i{d} = {e};" for d, e in zip(sp_dims[:-1], ix.delinear("srow", list(ys[2:-1])))
-                     if ys[d] > 1]
-        col_lines = [f"const int64_t i{sp_dims[-1]} = ow;"] if ys[-1] > 1 else ["(void)ow;"]
+                     if ys[d] != 1]
+        col_lines = [f"const int64_t i{sp_dims[-1]} = ow;"] if ys[-1] != 1 else ["(void)ow;"]
         if late:
             members = frozenset(self.non_core)
             over: dict[str, Override] = {y: lambda ix_, blk: f"{ybuf}[{ix.linear(ix_, ys)}]"}

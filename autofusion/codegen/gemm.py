@@ -277,19 +277,19 @@ class _Gemm:
             exprs = ix.delinear("r", sizes)
             row_lines.append("const int64_t r = m0 + mi;")
             for d, e in zip(list(range(nbatch)) + [m_dim], exprs):
-                if d is not None and y_shape[d] > 1:
+                if d is not None and y_shape[d] != 1:
                     row_lines.append(f"const int64_t i{d} = {e};")
         else:
             for d, e in zip(range(nbatch), ix.delinear("b", list(seg.batch))):
-                if seg.batch[d] > 1:
+                if seg.batch[d] != 1:
                     batch_lines.append(f"const int64_t i{d} = {e};")
             bvars = tuple("0" if nn == 1 else f"i{d}" for d, nn in enumerate(seg.batch))
             a_terms = ix.add(a_terms, self._batch_offset(bvars, seg.batch, seg.a))
             b_terms = ix.add(b_terms, self._batch_offset(bvars, seg.batch, seg.b))
             y_batch = ix.mul("b", m_rows * n)
-            if m_dim is not None and y_shape[m_dim] > 1:
+            if m_dim is not None and y_shape[m_dim] != 1:
                 row_lines.append(f"const int64_t i{m_dim} = m0 + mi;")
-        col_lines = [f"const int64_t i{n_dim} = n0 + ni;"] if n_dim is not None and y_shape[n_dim] > 1 else []
+        col_lines = [f"const int64_t i{n_dim} = n0 + ni;"] if n_dim is not None and y_shape[n_dim] != 1 else []
         a_ptr = f"{seg.a.ptr} + {ix.paren(ix.add(a_terms, ix.mul('m0', seg.row_stride_a)))}"
         b_ptr = f"{seg.b.ptr} + {ix.paren(ix.add(b_terms, ix.mul('n0', seg.b.strides[-1])))}"
         if seg.ybuf:

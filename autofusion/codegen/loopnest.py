@@ -323,10 +323,10 @@ class LoopNest:
                 full.emit(f"{dest}[{ix.linear(x_idx, spec.x_shape)}] = {v};")
         finally:
             self._leave_stage(saved)
-        row_dims = [d for d in spec.row_dims if spec.x_shape[d] > 1]
+        row_dims = [d for d in spec.row_dims if spec.x_shape[d] != 1]
         row_sizes = [spec.x_shape[d] for d in spec.row_dims]
         row_exprs = ix.delinear("row", row_sizes)
-        inner_dims = [d for d in spec.axes if spec.x_shape[d] > 1]
+        inner_dims = [d for d in spec.axes if spec.x_shape[d] != 1]
         inner_exprs = ix.delinear("j", [spec.x_shape[d] for d in spec.axes])
         comment = (f"stage {stage.k}: {spec.node.op} {spec.node.name} over axes {list(spec.axes)} of "
                    f"{spec.x} {list(spec.x_shape)}: {spec.rows} rows x {spec.length}")
@@ -360,7 +360,7 @@ class LoopNest:
         for tensor, dest in outs:
             v = self.inl.value(tensor, idx, body)
             body.emit(f"{dest}[{ix.linear(idx, shape)}] = {v};")
-        loop_dims = [d for d, n in enumerate(shape) if n > 1]
+        loop_dims = [d for d, n in enumerate(shape) if n != 1]
         numel = math.prod(shape)
         outer_dims, inner = loop_dims[:-1], loop_dims[-1:] or [None]
         outer_sizes = [shape[d] for d in outer_dims]

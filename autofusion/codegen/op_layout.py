@@ -110,24 +110,28 @@ def _pad(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     mode = node.attrs.get("mode", "constant")
     src = []
     conds = []
-    for e, n, (b, _) in zip(idx, in_shape, widths):
-        s = ix.sub(e, b) if b else e
-        if b == 0 and _ == 0:
+    for e, n, (b, end) in zip(idx, in_shape, widths):
+        if b == 0 and end == 0:
             src.append(e)
             continue
+        # negative pads crop first; the rest pads the cropped extent (as the reference does)
+        lo, hi = max(-b, 0), max(-end, 0)
+        kept = n - lo - hi
+        s = ix.sub(e, max(b, 0))
         if mode == "constant":
-            src.append(s)
             if b > 0:
                 conds.append(f"{s} >= 0")
-            conds.append(f"{s} < {n}")
+            if end > 0:
+                conds.append(f"{s} < {kept}")
         elif mode == "edge":
-            src.append(f"({s} < 0 ? 0 : ({s} >= {n} ? {n - 1} : {s}))")
+            s = f"({s} < 0 ? 0 : ({s} >= {kept} ? {kept - 1} : {s}))"
         elif mode == "reflect":
-            src.append(f"af_reflect_index({s}, {n})")
+            s = f"af_reflect_index({s}, {kept})"
         elif mode == "wrap":
-            src.append(f"af_wrapmod_index({s}, {n})")
+            s = f"af_wrapmod_index({s}, {kept})"
         else:
             raise inl.k.error(f"Pad mode {mode!r} is not supported", node)
+        src.append(ix.add(s, lo))
     if mode != "constant" or not conds:
         return inl.value(src_t, tuple(src), block)
     dtype = inl.k.type(src_t).dtype

@@ -6,16 +6,20 @@ from autofusion.runtime.loader import RunError, default_threads
 from autofusion.runtime.model import CompiledModel
 from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
 from autofusion.runtime.unfused import UnfusedRunner
+from autofusion.runtime.verify import CompareReport, compare_outputs, verify_plan
 
 __all__ = [
+    "CompareReport",
     "CompileCache",
     "CompileError",
     "CompiledModel",
     "RunError",
     "Toolchain",
     "UnfusedRunner",
+    "compare_outputs",
     "compile_library",
     "default_cache_dir",
     "default_threads",
     "detect_toolchain",
+    "verify_plan",
 ]

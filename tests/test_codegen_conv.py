@@ -1,0 +1,75 @@
+"""conv_epilogue: im2col + sgemm tiles per image and group, epilogue per tile."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from autofusion.decide import build_groups
+from autofusion.decide.plan import ZERO_COST, Plan
+from autofusion.ir import Graph, GraphBuilder, run_graph
+from autofusion.runtime import CompiledModel, compare_outputs
+
+CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
+RNG = np.random.default_rng(5)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def check(g: Graph, feeds: dict[str, np.ndarray]) -> str:
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                ZERO_COST, ZERO_COST)
+    model = CompiledModel(plan, cache=CACHE)
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    return "\n".join(k.code for k in model.source.kernels)
+
+
+def test_conv_batchnorm_relu_residual() -> None:
+    b = GraphBuilder("block")
+    x, skip = b.input("x", (2, 8, 10, 10)), b.input("skip", (2, 16, 5, 5))
+    c = b.op("Conv", x, b.const(f32(16, 8, 3, 3)), b.const(f32(16)), pads=(1, 1, 1, 1), strides=(2, 2))
+    bn = b.op("BatchNormalization", c, b.const(f32(16)), b.const(f32(16)), b.const(f32(16)),
+              b.const(np.abs(f32(16)) + 0.5))
+    g = b.build([b.op("Add", b.op("Relu", bn), skip)])
+    code = check(g, {"x": f32(2, 8, 10, 10), "skip": f32(2, 16, 5, 5)})
+    assert "im2col" in code and "scipy_cblas_sgemm" in code
+    assert "for (int64_t o = 0;" not in code  # the whole epilogue runs on the tiles
+
+
+@pytest.mark.parametrize("attrs,x_shape,w_shape", [
+    ({"group": 2, "dilations": (2, 2), "pads": (2, 1, 2, 1)}, (1, 8, 9, 11), (6, 4, 3, 3)),
+    ({}, (2, 8, 6, 6), (4, 8, 1, 1)),  # 1x1: the input is the matrix, no im2col
+    ({"strides": (2,), "pads": (1, 1)}, (2, 3, 17), (5, 3, 4)),  # 1-D
+    ({"pads": (1, 0, 1, 1, 0, 1)}, (1, 2, 4, 5, 6), (3, 2, 2, 3, 2)),  # 3-D
+    ({"auto_pad": "SAME_UPPER", "strides": (2, 2)}, (1, 3, 7, 7), (4, 3, 3, 3)),
+    ({"group": 4}, (1, 4, 6, 6), (4, 1, 3, 3)),  # depthwise
+])
+def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> None:
+    b = GraphBuilder("conv")
+    x = b.input("x", x_shape)
+    y = b.op("Conv", x, b.const(f32(*w_shape)), **attrs)
+    g = b.build([b.op("Clip", y, b.const(np.float32(-2.0)), b.const(np.float32(2.0)))])
+    code = check(g, {"x": f32(*x_shape)})
+    assert ("/* im2col: row" in code) == (attrs != {})
+
+
+def test_conv_with_an_output_across_tiles() -> None:
+    b = GraphBuilder("gap")
+    x = b.input("x", (1, 4, 8, 8))
+    c = b.op("Relu", b.op("Conv", x, b.const(f32(6, 4, 3, 3)), pads=(1, 1, 1, 1)))
+    g = b.build([b.op("GlobalAveragePool", c), c])
+    check(g, {"x": f32(1, 4, 8, 8)})
+
+
+def test_large_conv_runs_tiles_in_parallel() -> None:
+    b = GraphBuilder("big")
+    x = b.input("x", (1, 16, 32, 32))
+    g = b.build([b.op("Relu", b.op("Conv", x, b.const(f32(32, 16, 3, 3)), pads=(1, 1, 1, 1)))])
+    code = check(g, {"x": f32(1, 16, 32, 32)})
+    assert "#pragma omp parallel num_threads(nt)" in code

@@ -1,0 +1,104 @@
+"""Single ops in the opaque template: pools, LRN, CumSum, Einsum, ConvTranspose, LSTM; and window
+ops fused with their neighbours."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from autofusion.decide import build_groups, unfused_plan
+from autofusion.decide.plan import ZERO_COST, Plan
+from autofusion.ir import DType, Graph, GraphBuilder, run_graph
+from autofusion.runtime import CompiledModel, compare_outputs
+
+CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
+RNG = np.random.default_rng(9)
+
+
+def f32(*shape: int, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def check(plan: Plan, feeds: dict[str, np.ndarray]) -> None:
+    model = CompiledModel(plan, cache=CACHE)
+    report = compare_outputs(run_graph(plan.graph, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+
+
+def test_window_and_contraction_ops_each_alone() -> None:
+    b = GraphBuilder("window")
+    x, y = b.input("x", (2, 3, 9, 8)), b.input("y", (2, 8, 5))
+    outs = [
+        *b.op_multi("MaxPool", [x], 2, kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+        *b.op_multi("MaxPool", [x], 2, kernel_shape=(2, 3), dilations=(2, 1), ceil_mode=1, storage_order=1),
+        b.op("AveragePool", x, kernel_shape=(3, 2), strides=(2, 1), pads=(1, 0, 1, 1), count_include_pad=1,
+             ceil_mode=1),
+        b.op("AveragePool", x, kernel_shape=(2, 2), pads=(1, 1, 0, 0)),
+        b.op("LRN", x, size=3, alpha=0.01, beta=0.7, bias=1.5),
+        b.op("CumSum", x, b.const(np.array(2, np.int64)), exclusive=1, reverse=1),
+        b.op("CumSum", x, b.const(np.array(-1, np.int64))),
+        b.op("Einsum", x, y, equation="ncij,njk->nick"),
+        b.op("Einsum", y, equation="nij->jn"),
+        b.op("Einsum", b.op("Slice", x, b.const(np.array([0], np.int64)), b.const(np.array([8], np.int64)),
+                            b.const(np.array([2], np.int64))), equation="ncii->nc"),
+        b.op("ConvTranspose", x, b.const(f32(3, 2, 3, 3)), b.const(f32(2)), strides=(2, 2), pads=(1, 1, 0, 0),
+             output_padding=(1, 0)),
+    ]
+    g = b.build(outs)
+    plan = unfused_plan(g)
+    assert {grp.template for grp in plan.groups} <= {"opaque", "reduction"}  # CumSum is a reduction-class op
+    check(plan, {"x": f32(2, 3, 9, 8), "y": f32(2, 8, 5)})
+
+
+def test_maxpool_fused_with_relu_before_and_add_after() -> None:
+    b = GraphBuilder("pool")
+    x, z = b.input("x", (1, 4, 8, 8)), b.input("z", (1, 4, 4, 4))
+    p = b.op("MaxPool", b.op("Relu", x), kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    g = b.build([b.op("Add", p, z)])
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "pointwise"), ZERO_COST,
+                ZERO_COST)
+    check(plan, {"x": f32(1, 4, 8, 8), "z": f32(1, 4, 4, 4)})
+
+
+LSTM_CASES = [
+    ({}, ()),
+    ({"direction": "bidirectional"}, ("B", "h0", "c0", "lens")),
+    ({"direction": "reverse", "layout": 1, "clip": 0.8, "input_forget": 1}, ("B", "P", "h0")),
+    ({"activations": ["HardSigmoid", "LeakyRelu", "Softsign"], "activation_alpha": [0.3, 0.2, 0.0],
+      "activation_beta": [0.4]}, ("P",)),
+    ({"activations": ["Sigmoid", "Relu", "Elu", "Affine", "ScaledTanh", "Softplus"], "direction": "bidirectional",
+      "activation_alpha": [0.0, 0.0, 0.7, 0.5, 0.8], "activation_beta": [0.0, 0.0, 0.0, 0.1, 1.2]}, ()),
+]
+
+
+@pytest.mark.parametrize("attrs,extra", LSTM_CASES)
+def test_lstm_variants(attrs: dict, extra: tuple[str, ...]) -> None:
+    dirs = 2 if attrs.get("direction") == "bidirectional" else 1
+    hidden, size, steps, batch = 5, 3, 4, 2
+    layout = attrs.get("layout", 0)
+    b = GraphBuilder("lstm")
+    xs = (batch, steps, size) if layout else (steps, batch, size)
+    feeds = {"x": f32(*xs, scale=0.5)}
+    ins = [b.input("x", xs), b.const(f32(dirs, 4 * hidden, size, scale=0.5)),
+           b.const(f32(dirs, 4 * hidden, hidden, scale=0.5))]
+    ins.append(b.const(f32(dirs, 8 * hidden, scale=0.5)) if "B" in extra else "")
+    if "lens" in extra:
+        ins.append(b.input("lens", (batch,), DType.INT32))
+        feeds["lens"] = np.array([steps, 2], np.int32)
+    else:
+        ins.append("")
+    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
+    for name in ("h0", "c0"):
+        if name in extra:
+            ins.append(b.input(name, state))
+            feeds[name] = f32(*state, scale=0.5)
+        else:
+            ins.append("")
+    ins.append(b.const(f32(dirs, 3 * hidden, scale=0.5)) if "P" in extra else "")
+    while ins[-1] == "":
+        ins.pop()
+    g = b.build(b.op_multi("LSTM", ins, 3, hidden_size=hidden, **attrs))
+    check(unfused_plan(g), feeds)

@@ -1,0 +1,128 @@
+"""The reduction template: one pass per row over the reduced axes, with the prologue inlined per
+element and the epilogue written from the row, checked against the reference interpreter."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from autofusion.decide import build_groups
+from autofusion.decide.plan import ZERO_COST, Plan
+from autofusion.ir import DType, Graph, GraphBuilder, run_graph
+from autofusion.runtime import CompiledModel, compare_outputs
+
+CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
+RNG = np.random.default_rng(11)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def check(g: Graph, feeds: dict[str, np.ndarray], template: str = "reduction") -> str:
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: template),
+                ZERO_COST, ZERO_COST)
+    model = CompiledModel(plan, cache=CACHE)
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    return "\n".join(k.code for k in model.source.kernels)
+
+
+def test_layernorm_with_residual_prologue_and_affine_epilogue() -> None:
+    b = GraphBuilder("ln")
+    x, r = b.input("x", (2, 16, 64)), b.input("r", (2, 16, 64))
+    h = b.op("Add", x, r)  # the residual sum is materialised too: the next residual needs it
+    ln = b.op("LayerNormalization", h, b.const(f32(64)), b.const(f32(64)), axis=-1, epsilon=1e-5)
+    y = b.op("Add", b.op("Mul", ln, b.const(np.float32(2.0))), b.const(f32(64)))
+    g = b.build([y, h])
+    code = check(g, {"x": f32(2, 16, 64), "r": f32(2, 16, 64)})
+    assert code.count("stage 0") == 1 and "stage 1" not in code  # one pass structure, no second nest
+    assert "for (int64_t o = 0;" not in code  # both outputs written from the row loop
+
+
+def test_softmax_with_scale_and_mask_prologue() -> None:
+    b = GraphBuilder("attn")
+    s, mask = b.input("scores", (1, 2, 16, 16)), b.input("mask", (1, 1, 1, 16), DType.BOOL)
+    scaled = b.op("Div", s, b.const(np.float32(5.656854)))
+    masked = b.op("Where", mask, scaled, b.const(np.float32(-3.4e38)))
+    g = b.build([b.op("Softmax", masked, axis=-1)])
+    mask_v = np.ones((1, 1, 1, 16), bool)
+    mask_v[..., 12:] = False
+    code = check(g, {"scores": f32(1, 2, 16, 16), "mask": mask_v})
+    assert "xrow" in code  # the prologue is computed once per element and kept in the row buffer
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_normalising_ops_on_any_axis(op: str, axis: int) -> None:
+    b = GraphBuilder("norm")
+    x = b.input("x", (3, 5, 7))
+    g = b.build([b.op("Relu", b.op(op, b.op("Mul", x, b.const(np.float32(1.5))), axis=axis))])
+    check(g, {"x": f32(3, 5, 7)})
+
+
+REDUCES = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+           "ReduceSumSquare", "ReduceLogSumExp"]
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce_ops_with_prologue_and_epilogue(keepdims: int) -> None:
+    b = GraphBuilder("reduce")
+    x = b.input("x", (4, 6, 5))
+    pre = b.op("Abs", b.op("Add", x, b.const(np.float32(0.1))))
+    outs = []
+    for i, op in enumerate(REDUCES):
+        axes = [np.array([1], np.int64), np.array([0, 2], np.int64), np.array([-1], np.int64)][i % 3]
+        r = b.op(op, pre, b.const(axes), keepdims=keepdims)
+        outs.append(b.op("Mul", r, b.const(np.float32(0.5))))
+    outs.append(b.op("ReduceLogSum", pre, b.const(np.array([2], np.int64)), keepdims=keepdims))
+    outs.append(b.op("ReduceSum", x, keepdims=keepdims))  # all axes
+    outs.append(b.op("ReduceSum", x, b.const(np.zeros(0, np.int64)), noop_with_empty_axes=1))
+    g = b.build(outs)
+    # each reduction is its own row pass over the shared prologue
+    check(g, {"x": f32(4, 6, 5)}, template="multi_output")
+
+
+def test_argmax_argmin_and_integer_reduce() -> None:
+    b = GraphBuilder("arg")
+    x, i = b.input("x", (4, 9)), b.input("i", (4, 9), DType.INT64)
+    outs = [b.op("ArgMax", x, axis=1), b.op("ArgMin", x, axis=0, keepdims=0),
+            b.op("ArgMax", b.op("Round", x), axis=1, select_last_index=1),
+            b.op("ReduceSum", i, b.const(np.array([1], np.int64))), b.op("ReduceMax", i, b.const(np.array([0], np.int64)))]
+    g = b.build(outs)
+    check(g, {"x": f32(4, 9), "i": RNG.integers(-50, 50, (4, 9))}, template="multi_output")
+
+
+def test_pools_and_instance_norm() -> None:
+    b = GraphBuilder("pool")
+    x = b.input("x", (2, 3, 5, 4))
+    gap = b.op("GlobalAveragePool", b.op("Relu", x))
+    gmp = b.op("GlobalMaxPool", x)
+    inorm = b.op("InstanceNormalization", x, b.const(f32(3)), b.const(f32(3)), epsilon=1e-4)
+    g = b.build([b.op("Flatten", gap), gmp, inorm])
+    check(g, {"x": f32(2, 3, 5, 4)}, template="multi_output")
+
+
+def test_output_not_aligned_with_rows_uses_row_statistics() -> None:
+    b = GraphBuilder("misaligned")
+    x = b.input("x", (3, 4, 8))
+    sm = b.op("Softmax", x, axis=-1)
+    t = b.op("Transpose", sm, perm=(2, 0, 1))  # read across rows: needs the stored row statistics
+    mean = b.op("ReduceMean", x, b.const(np.array([2], np.int64)), keepdims=1)
+    centered = b.op("Sub", x, mean)
+    var = b.op("ReduceMean", b.op("Mul", centered, centered), b.const(np.array([2], np.int64)), keepdims=1)
+    norm = b.op("Div", centered, b.op("Sqrt", b.op("Add", var, b.const(np.float32(1e-5)))))
+    g = b.build([t, norm])
+    code = check(g, {"x": f32(3, 4, 8)})
+    assert "(scratch + " in code  # statistics kept per row in scratch for the transposed read
+
+
+def test_many_rows_run_in_parallel() -> None:
+    b = GraphBuilder("rows")
+    x = b.input("x", (512, 96))
+    g = b.build([b.op("LayerNormalization", b.op("Gelu", x), b.const(f32(96)), axis=-1)])
+    code = check(g, {"x": f32(512, 96)})
+    assert "#pragma omp for schedule(static)" in code
