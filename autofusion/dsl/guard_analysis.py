@@ -109,8 +109,8 @@ class TypeChecker:
             return self.error("F016", f"unknown guard function {e.fn!r}{did_you_mean(e.fn, FUNCTIONS)}", e)
         n = len(e.args)
         if (fn.variadic and n < 1) or (not fn.variadic and n != len(fn.params)):
-            want = "at least 1" if fn.variadic else str(len(fn.params))
-            return self.error("F017", f"{e.fn}() takes {want} argument(s), got {n}", e)
+            count = "at least 1" if fn.variadic else str(len(fn.params))
+            return self.error("F017", f"{e.fn}() takes {count} argument(s), got {n}", e)
         for i, a in enumerate(e.args):
             want = fn.params[min(i, len(fn.params) - 1)]
             if want in (Ty.TENSOR, Ty.NODE):

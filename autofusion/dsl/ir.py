@@ -256,7 +256,11 @@ class RuleSet:
         return cls.ops if cls is not None else frozenset({name})
 
     def rule_names(self) -> tuple[str, ...]:
-        return tuple(r.name for r in (*self.rewrites, *self.fusions, *self.nofuse))
+        """Names of every rewrite, fusion rule and nofuse rule."""
+        names: list[str] = [r.name for r in self.rewrites]
+        names += [r.name for r in self.fusions]
+        names += [r.name for r in self.nofuse]
+        return tuple(names)
 
 
 def walk(term: Term) -> Iterator[Term]:
@@ -277,7 +281,7 @@ def term_vars(term: Term) -> list[Var]:
 
 def attr_vars(term: Term) -> list[Var]:
     """Attribute variables (``alpha=a``) of ``term`` in source order."""
-    return [m.value for t in walk(term) if isinstance(t, OpTerm) for m in t.attrs if isinstance(m.value, Var)]
+    return [v for t in walk(term) if isinstance(t, OpTerm) for v in (m.value for m in t.attrs) if isinstance(v, Var)]
 
 
 def captures(term: Term) -> list[tuple[str, Term]]:

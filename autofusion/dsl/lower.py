@@ -123,7 +123,8 @@ class Lowerer:
 
     def _fuse_stmt(self, tree: Tree, doc: str) -> Statement:
         name, body, template, guard, priority = tree.children
-        tname, params, tspan = "", FrozenMap(), None
+        tname, tspan = "", None
+        params: FrozenMap[str, Any] = FrozenMap()
         if template is not None:
             tok, tparams = template.children[1], template.children[2]
             tname, tspan = _unquote(str(tok)), self.span(tok)
@@ -206,8 +207,8 @@ class Lowerer:
         output, step_index = 0, None
         if index is not None:
             tok = index.children[0]
-            if tok.type == "INT":
-                output = int(tok)
+            if getattr(tok, "type", "") == "INT":
+                output = int(str(tok))
             else:
                 step_index = tok
         span = self.span(tree)
@@ -250,7 +251,8 @@ class Lowerer:
         if data == "chain":
             return self.chain(tree)
         if data == "call":
-            name, *rest = tree.children
+            name_tok, *rest = tree.children
+            name = str(name_tok)
             args: list[Any] = []
             attrs: list[AttrMatch] = []
             is_open = False
@@ -288,7 +290,7 @@ class Lowerer:
 
     def number(self, tree: Tree) -> int | float:
         text = "".join(str(t) for t in tree.children if t is not None)
-        return int(text) if tree.children[-1].type == "INT" else float(text)
+        return int(text) if getattr(tree.children[-1], "type", "") == "INT" else float(text)
 
     def const_value(self, tree: Tree | Token) -> Any:
         if isinstance(tree, Token):
@@ -341,14 +343,16 @@ class Lowerer:
             return g.Arith(op, self.expr(ch[0]), self.expr(ch[1]), span)
         if d == "neg":
             inner = self.expr(ch[0])
-            if isinstance(inner, (g.IntLit, g.FloatLit)):
-                return type(inner)(-inner.value, span)  # type: ignore[call-arg]
+            if isinstance(inner, g.IntLit):
+                return g.IntLit(-inner.value, span)
+            if isinstance(inner, g.FloatLit):
+                return g.FloatLit(-inner.value, span)
             return g.Arith("neg", inner, None, span)
         if d == "subscript":
             return g.Index(self.expr(ch[0]), self.expr(ch[1]), span)
         if d == "number":
-            tok = ch[0]
-            return g.IntLit(int(tok), span) if tok.type == "INT" else g.FloatLit(float(tok), span)
+            text = str(ch[0])
+            return g.IntLit(int(text), span) if getattr(ch[0], "type", "") == "INT" else g.FloatLit(float(text), span)
         if d == "string":
             return g.StrLit(_unquote(str(ch[0])), span)
         if d in ("true", "false"):

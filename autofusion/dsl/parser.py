@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lark import Lark
+from lark import Lark, Tree
 from lark.exceptions import UnexpectedInput, UnexpectedToken
 
 from autofusion.dsl.diagnostics import Sink
@@ -98,6 +98,8 @@ def parse_text(text: str, file: str, sink: Sink) -> list[Statement]:
             sink.add("F001", gr.classifier.message(err), _error_span(err, chunk, file))
             continue
         for stmt_tree in tree.children:
+            if not isinstance(stmt_tree, Tree):
+                continue
             try:
                 st = lowerer.statement(stmt_tree, chunk.doc)
             except RecursionError:

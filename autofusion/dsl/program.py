@@ -61,7 +61,7 @@ def compile_program(statements: list[Statement], files: list[str], registry: OpR
     broken: set[int] = set()
     for st in statements:
         errors.start()
-        _guarded(sink, st, lambda st=st: (resolver.statement(st), _check_terms(terms, st)))
+        _guarded(sink, st, lambda st=st: _resolve_and_check(resolver, terms, st))
         if st.broken or not errors.clean():
             broken.add(id(st))
     patterns = collect_patterns(statements)
@@ -102,6 +102,11 @@ def _guarded(sink: Sink, st: Statement, fn: Any) -> Any:
     except Exception as e:  # the checker must survive its own bugs; the message names the cause
         sink.add("F024", f"internal error while checking {st.kind} {st.name}: {type(e).__name__}: {e}", st.span)
     return None
+
+
+def _resolve_and_check(resolver: Resolver, terms: TermChecker, st: Statement) -> None:
+    resolver.statement(st)
+    _check_terms(terms, st)
 
 
 def _check_terms(terms: TermChecker, st: Statement) -> None:
