@@ -24,7 +24,7 @@ TOKENS = [
     '"core.fuse"', '"x', "#", "##", "\n", "\n", " ", "axis=-1", "alpha=a", "$", "\t",
 ]
 
-_settings = settings(max_examples=60, deadline=2000, derandomize=True,
+_settings = settings(max_examples=60, deadline=2000, derandomize=True, database=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -78,7 +78,7 @@ def test_mutated_shipped_files(text: str) -> None:
     _check(text)
 
 
-@settings(max_examples=12, deadline=10000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=10000, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated())
 def test_mutated_shipped_files_with_verification(text: str) -> None:
     _check(text, verify=True)
@@ -130,7 +130,7 @@ def _random_rewrite(draw: st.DrawFn) -> str:
     return f"rewrite fuzz: {lhs} => {rhs}{guard}\n"
 
 
-@settings(max_examples=40, deadline=10000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=10000, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_random_rewrite())
 def test_random_rewrites_over_registry_ops_verify_without_crashing(text: str) -> None:
     _check(text, verify=True)
