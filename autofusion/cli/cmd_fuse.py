@@ -39,17 +39,24 @@ def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
     from autofusion.api import optimize
     from autofusion.decide.cost import AnalyticCostModel, HardwareProfile
     from autofusion.dsl import RuleError
+    from autofusion.plugins import PluginError, registry_with_plugins, rule_paths, strategy
 
+    try:  # installed plugins: their ops, their rule directories (with the shipped library), strategies
+        registry = registry_with_plugins()
+        rules = rule_paths(args.rules or None)
+        strategy(args.strategy)
+    except PluginError as e:
+        raise CliError(str(e)) from None
     t0 = time.perf_counter()
-    loaded = load_model(args)
+    loaded = load_model(args, registry=registry)
     t_import = time.perf_counter() - t0
     try:
-        model = AnalyticCostModel(HardwareProfile.load(args.profile)) if args.profile else None
+        model = AnalyticCostModel(HardwareProfile.load(args.profile), registry) if args.profile else None
     except ValueError as e:
         raise CliError(str(e)) from None
     try:
-        plan = optimize(loaded.graph, args.rules or None, cost_model=model, strategy=args.strategy,
-                        size_cap=args.size_cap)
+        plan = optimize(loaded.graph, rules, cost_model=model, strategy=args.strategy,
+                        size_cap=args.size_cap, registry=registry)
     except RuleError as e:
         lines = [f"{d.span}: {d.code} {d.message}" for d in e.diagnostics if d.is_error]
         raise CliError("rule files have errors (run `autofusion-rules check`):\n  " + "\n  ".join(lines[:20])) from None
@@ -68,9 +75,10 @@ def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from autofusion.decide.summary import plan_summary
+    from autofusion.plugins import registry_with_plugins
 
     loaded, plan = make_plan(args)
-    summary = plan_summary(plan, loaded.graph)
+    summary = plan_summary(plan, loaded.graph, registry_with_plugins())  # plugin ops count too
     if args.onnx_out:
         summary["onnx_out"] = write_onnx(plan, args.onnx_out)
     out = Output()

@@ -24,6 +24,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from autofusion.plugins import registry_with_plugins
     from autofusion.viz import write_viz
 
     out_dir = Path(args.out)
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--out {args.out}: exists and is not a directory")
     loaded, plan = make_plan(args)
     try:
-        result = write_viz(plan, loaded.graph, out_dir, label=loaded.source, render=not args.no_render)
+        result = write_viz(plan, loaded.graph, out_dir, label=loaded.source, render=not args.no_render,
+                           registry=registry_with_plugins())
     except OSError as e:
         raise CliError(f"cannot write to {args.out}: {e.strerror or e}") from None
     out = Output()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from autofusion.ir import Graph, InterpreterError, TensorType, VerifyError
-from autofusion.ops.registry import ShapeError, UnknownOpError
+from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: the message asks for a report
@@ -116,8 +116,9 @@ def is_onnx_path(model: str) -> bool:
     return model.endswith(".onnx") or (model not in builtin_names() and Path(model).exists())
 
 
-def load_model(args: argparse.Namespace, seed: int = 0) -> LoadedModel:
-    """The graph MODEL names: imported from an .onnx file or built (weights from ``seed``)."""
+def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | None = None) -> LoadedModel:
+    """The graph MODEL names: imported from an .onnx file (with the ops of ``registry``, default the
+    built-in ones) or built (weights from ``seed``)."""
     from autofusion import models
 
     model: str = args.model
@@ -127,7 +128,7 @@ def load_model(args: argparse.Namespace, seed: int = 0) -> LoadedModel:
                            ".onnx file with --dim NAME=N")
         from autofusion.frontends.onnx_import import load_onnx
 
-        return LoadedModel(load_onnx(model, dims=parse_dims(args.dim)), model, builtin=False)
+        return LoadedModel(load_onnx(model, dims=parse_dims(args.dim), registry=registry), model, builtin=False)
     if model not in models.builtin_names() and ("/" in model or "\\" in model or "." in model):
         raise CliError(f"no such file: {model} (and no built-in model of that name; built-in models: "
                        f"{', '.join(models.builtin_names())})")

@@ -20,6 +20,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "autofusion.cli.cmd_fuse",
     "autofusion.cli.cmd_explain",
     "autofusion.cli.cmd_viz",
+    "autofusion.cli.cmd_plugins",
 )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from autofusion.decide.plan import Plan
 from autofusion.ir.graph import Graph
+from autofusion.ops.registry import OpRegistry
 from autofusion.viz.dot import cluster_count, graph_dot, plan_dot, template_colour
 from autofusion.viz.render import Rendered, find_dot, render_svg
 from autofusion.viz.report import Picture, html_report
@@ -38,11 +39,11 @@ def _write(path: Path, text: str) -> Path:
 
 
 def write_viz(plan: Plan, source: Graph, out_dir: str | os.PathLike[str], label: str = "",
-              render: bool = True, dot_binary: str | None = None) -> VizOutput:
+              render: bool = True, dot_binary: str | None = None, registry: OpRegistry | None = None) -> VizOutput:
     """Write before/after DOT files (SVG too when ``render`` and Graphviz is found) and report.html.
 
     ``source`` is the graph before rewrites; ``label`` names the model in the report. ``dot_binary``
-    overrides the ``dot`` found on PATH.
+    overrides the ``dot`` found on PATH; ``registry`` is the op registry the plan was made with.
     """
     from autofusion.cli.cmd_explain import explain_report
     from autofusion.decide.summary import plan_summary
@@ -61,7 +62,7 @@ def write_viz(plan: Plan, source: Graph, out_dir: str | os.PathLike[str], label:
         else:
             (out / f"{stem}.svg").unlink(missing_ok=True)  # a picture from an earlier run would mislead
         pictures.append(Picture(title, f"{stem}.dot", rendered.svg, rendered.problem))
-    summary = plan_summary(plan, source)
+    summary = plan_summary(plan, source, registry)
     page = html_report(plan, summary, explain_report(plan), pictures, source=label or source.name)
     report = _write(out / "report.html", page)
     written.append(report)

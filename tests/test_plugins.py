@@ -1,0 +1,270 @@
+"""Plugins through entry points: the example package through the API, the CLI and the docs; broken plugins.
+
+Nothing is installed: each test puts the plugin's source and a ``*.dist-info`` with its entry points on
+``sys.path`` (monkeypatched, so it is gone after the test), which is where importlib.metadata looks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from autofusion import plugins
+from autofusion.cli.main import main
+from autofusion.ops import OpClass, default_registry
+from autofusion.resources import data_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "autofusion-plugin-example"
+EXAMPLE_RULES = EXAMPLE / "src" / "autofusion_plugin_example" / "rules"
+DOCS = ROOT / "docs" / "plugins.md"
+EPILOGUES = "class compute = pointwise | reduction | opaque\nfuse epilogue: pointwise into producer compute\n"
+
+EntryPoints = Mapping[str, Mapping[str, str]]
+
+
+def write_dist(site: Path, name: str, version: str, entry_points: EntryPoints) -> None:
+    """A minimal installed-distribution record: METADATA and entry_points.txt, as pip writes them."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    sections = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()]
+    (info / "entry_points.txt").write_text("\n".join(sections))
+
+
+def example_entry_points() -> EntryPoints:
+    return tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]["entry-points"]
+
+
+@pytest.fixture
+def example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The example plugin package, visible to importlib.metadata for this test only; returns the site dir."""
+    site = tmp_path / "site"
+    write_dist(site, "autofusion-plugin-example", "0.1.0", example_entry_points())
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def broken_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source: str,
+                  entry_points: EntryPoints) -> Path:
+    """A plugin package ``broken-plugin`` made of one module with ``source``."""
+    site = tmp_path / "broken-site"
+    site.mkdir()
+    (site / f"{module}.py").write_text(source)
+    write_dist(site, "broken-plugin", "0.0.1", entry_points)
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def swish_onnx(path: Path, custom_op: bool) -> Path:
+    """x @ w, then x * sigmoid(x) as standard ONNX ops, or as the plugin's Swish op itself."""
+    w = numpy_helper.from_array(np.full((8, 8), 0.1, np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm")]
+    if custom_op:
+        nodes.append(helper.make_node("Swish", ["h"], ["y"], name="act"))
+    else:
+        nodes += [helper.make_node("Sigmoid", ["h"], ["s"], name="sig"), helper.make_node("Mul", ["h", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "swish_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+# -- the example through the API --------------------------------------------------------------------
+
+
+def test_nothing_installed_means_the_builtins(tmp_path: Path) -> None:
+    assert all(plugins.discover(g) == () for g in plugins.GROUPS)
+    assert plugins.registry_with_plugins() is default_registry()
+    assert plugins.rule_paths(None) is None and plugins.rule_paths(["a.fuse"]) == [Path("a.fuse")]
+    with pytest.raises(ValueError, match="unknown plugin group"):
+        plugins.discover("autofusion.nope")
+
+
+def test_example_plugins_are_discovered_and_work(example: Path) -> None:
+    names = {g: [p.name for p in plugins.discover(g)] for g in plugins.GROUPS}
+    assert names == {plugins.OPS: ["swish"], plugins.RULES: ["swish"], plugins.COST_MODELS: ["bytes-only"],
+                     plugins.STRATEGIES: ["first-fit"], plugins.BACKENDS: ["kernel-interpreter"]}
+    assert {p.package for g in plugins.GROUPS for p in plugins.discover(g)} == {"autofusion-plugin-example 0.1.0"}
+    registry = plugins.registry_with_plugins()
+    swish = registry["Swish"]
+    assert swish.op_class is OpClass.POINTWISE and "Swish" not in default_registry()
+    x = np.array([-2.0, 0.0, 3.0], np.float32)
+    np.testing.assert_allclose(swish.reference([x], {})[0], x / (1 + np.exp(-x)), rtol=1e-6)
+    assert plugins.plugin_rule_dirs() == (EXAMPLE_RULES,)
+    assert plugins.rule_paths(None) == [data_dir("rules"), EXAMPLE_RULES]
+    assert plugins.cost_model("bytes-only", registry).name == "bytes-only"
+    assert plugins.cost_model("analytic:nvidia-h200").name == "analytic:nvidia-h200"
+    assert plugins.strategy("first-fit").name == "first-fit" and plugins.strategy("greedy").name == "greedy"
+    assert plugins.backend("kernel-interpreter").name == "kernel-interpreter"
+    with pytest.raises(plugins.PluginError, match=r"unknown cost model 'nope' \(available: analytic.*bytes-only\)"):
+        plugins.cost_model("nope")
+    with pytest.raises(plugins.PluginError, match=r"unknown backend 'c' \(available: kernel-interpreter\)"):
+        plugins.backend("c")
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_docs_examples_run_and_match_the_example_package(example: Path) -> None:
+    text = DOCS.read_text()
+    blocks = python_blocks(text)
+    assert len(blocks) >= 6
+    namespace: dict[str, object] = {"__name__": "plugins_doc"}
+    for block in blocks:
+        exec(compile(block, str(DOCS), "exec"), namespace)  # each block's asserts are the checks
+    (toml_block,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
+    assert tomllib.loads(toml_block)["project"]["entry-points"] == example_entry_points()
+    (fuse_block,) = re.findall(r"```fuse\n(.*?)```", text, flags=re.S)
+    assert fuse_block == (EXAMPLE_RULES / "swish.fuse").read_text()
+    for group in plugins.GROUPS:
+        assert f"`{group}`" in text
+
+
+# -- the example through the CLI --------------------------------------------------------------------
+
+
+def test_cli_lists_plugins(example: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "plugins")
+    assert code == 0 and not err
+    for line in ("ops: Swish", "swish.fuse", "cost model 'bytes-only'", "strategy 'first-fit'",
+                 "backend 'kernel-interpreter'", "autofusion-plugin-example 0.1.0"):
+        assert line in out
+    code, out, _ = cli(capsys, "plugins", "--json")
+    rows = json.loads(out)["plugins"]
+    assert code == 0 and len(rows) == 5 and all(not r["error"] for r in rows)
+
+
+def test_cli_without_plugins(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "plugins")
+    assert code == 0 and out.startswith("no plugins installed")
+
+
+def test_cli_fuse_with_plugin_rules_op_and_strategy(example: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    rules = tmp_path / "epilogues.fuse"
+    rules.write_text(EPILOGUES)
+    model = swish_onnx(tmp_path / "mlp.onnx", custom_op=False)
+    code, out, err = cli(capsys, "fuse", str(model), "--rules", str(EXAMPLE_RULES), "--rules", str(rules),
+                         "--strategy", "first-fit", "--groups", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["strategy"] == "first-fit" and result["rewrites_fired"] == {"swish_mul": 1}
+    (kernel,) = result["plan"]["groups"]
+    assert kernel["ops"] == ["MatMul", "Swish"] and {r["name"] for r in kernel["rules"]} >= {"gemm_swish"}
+    # a model that uses the plugin's op directly imports with the plugin's registry
+    custom = swish_onnx(tmp_path / "custom.onnx", custom_op=True)
+    code, out, err = cli(capsys, "fuse", str(custom), "--rules", str(EXAMPLE_RULES), "--json")
+    assert code == 0, err
+    code, out, err = cli(capsys, "viz", str(custom), "--rules", str(EXAMPLE_RULES), "--out", str(tmp_path / "viz"),
+                         "--no-render")
+    assert code == 0, err
+    assert "Swish" in (tmp_path / "viz" / "report.html").read_text()
+    # ... but has no ONNX form to be written back in
+    code, _, err = cli(capsys, "fuse", str(custom), "--rules", str(EXAMPLE_RULES), "--onnx-out",
+                       str(tmp_path / "out.onnx"))
+    assert code == 2 and "'Swish' has no ONNX opset-18 form" in err and not (tmp_path / "out.onnx").exists()
+
+
+def test_cli_needs_the_plugin_for_its_op(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    custom = swish_onnx(tmp_path / "custom.onnx", custom_op=True)
+    code, _, err = cli(capsys, "fuse", str(custom), "--rules", str(EXAMPLE_RULES))
+    assert code == 2 and "unsupported ops: Swish" in err
+
+
+# -- broken plugins -----------------------------------------------------------------------------------
+
+OPDEF = ("from autofusion.ops import OpClass, OpDef\n"
+         "def op(name):\n"
+         "    return OpDef(name, OpClass.POINTWISE, ('X',), lambda c: (c.type(0),), lambda xs, a: (xs[0],))\n")
+
+BROKEN = [
+    ("raise RuntimeError('no GPU here')\ndef ops(): return []\n", plugins.OPS,
+     r"plugin 'bad' \(autofusion.ops, from broken-plugin 0.0.1\) failed to load {m}:make: RuntimeError: no GPU here"),
+    ("def make(): raise KeyError('config')\n", plugins.OPS, r"plugin 'bad' .* raised KeyError: 'config'"),
+    ("make = 3\n", plugins.OPS, r"plugin 'bad' .*: {m}:make is not callable"),
+    ("def make(): return [1]\n", plugins.OPS, r"plugin 'bad' .* returned int, not an OpDef"),
+    ("def make(): return 7\n", plugins.OPS, r"plugin 'bad' .* returned int, not OpDefs"),
+    (OPDEF + "def make(): return [op('Relu')]\n", plugins.OPS, r"redefines the op 'Relu'"),
+    ("def make(): return '/nonexistent/rules'\n", plugins.RULES, r"returned '/nonexistent/rules', which is not a dir"),
+    ("def make(): return 5\n", plugins.RULES, r"returned int, not a directory path"),
+]
+
+
+@pytest.mark.parametrize("index", range(len(BROKEN)))
+def test_broken_op_and_rule_plugins_are_reported_by_name(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    source, group, message = BROKEN[index]
+    module = f"broken_plugin_{index}"
+    broken_plugin(tmp_path, monkeypatch, module, source, {group: {"bad": f"{module}:make"}})
+    pattern = message.format(m=module)
+    with pytest.raises(plugins.PluginError, match=pattern):
+        plugins.registry_with_plugins() if group == plugins.OPS else plugins.plugin_rule_dirs()
+    code, out, err = cli(capsys, "plugins")
+    assert code == 2 and re.search(pattern, err) and len(err.strip().splitlines()) == 1 and "BROKEN" in out
+    code, _, err = cli(capsys, "fuse", "resnet-tiny")  # the default rules include every plugin's directory
+    assert code == 2 and re.search(pattern, err) and len(err.strip().splitlines()) == 1
+
+
+def test_duplicate_ops_from_two_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = OPDEF + "def one(): return [op('Twice')]\ndef two(): return [op('Twice')]\n"
+    broken_plugin(tmp_path, monkeypatch, "twice_plugin", source,
+                  {plugins.OPS: {"a": "twice_plugin:one", "b": "twice_plugin:two"}})
+    with pytest.raises(plugins.PluginError, match=r"plugin 'b' .* and plugin 'a' .* both define the op 'Twice'"):
+        plugins.registry_with_plugins()
+
+
+def test_broken_cost_model_strategy_and_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    source = ("class Nothing:\n    name = 'nothing'\n"
+              "def cost(registry): return Nothing()\ndef strategy(): return Nothing()\n"
+              "def backend(): return Nothing()\ndef fails(): raise ImportError('libfoo.so missing')\n")
+    broken_plugin(tmp_path, monkeypatch, "odd_plugin", source, {
+        plugins.COST_MODELS: {"nothing": "odd_plugin:cost"},
+        plugins.STRATEGIES: {"nothing": "odd_plugin:strategy", "fails": "odd_plugin:fails"},
+        plugins.BACKENDS: {"nothing": "odd_plugin:backend"},
+    })
+    with pytest.raises(plugins.PluginError, match="returned Nothing, which is not a CostModel"):
+        plugins.cost_model("nothing")
+    with pytest.raises(plugins.PluginError, match=r"returned Nothing, which has no solve\(region, partition\)"):
+        plugins.strategy("nothing")
+    with pytest.raises(plugins.PluginError, match="returned Nothing, which is not a Backend"):
+        plugins.backend("nothing")
+    code, _, err = cli(capsys, "fuse", "resnet-tiny", "--rules", str(EXAMPLE_RULES), "--strategy", "fails")
+    assert code == 2 and "plugin 'fails' (autofusion.strategies, from broken-plugin 0.0.1) raised ImportError" in err
+    code, _, err = cli(capsys, "fuse", "resnet-tiny", "--rules", str(EXAMPLE_RULES), "--strategy", "nope")
+    assert code == 2 and "unknown strategy 'nope' (available: beam, dp, exact, fails, greedy, nothing)" in err
+    code, _, err = cli(capsys, "plugins")
+    assert code == 2 and len(err.strip().splitlines()) == 4
+
+
+def test_broken_plugin_never_shows_a_traceback_from_the_command(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "crashing_plugin.py").write_text("raise SystemError('boom')\n")
+    write_dist(site, "crashing-plugin", "1.0", {plugins.OPS: {"crash": "crashing_plugin:ops"}})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-m", "autofusion.cli.main", "plugins"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("autofusion: error: plugin 'crash' (autofusion.ops, from crashing-plugin 1.0) "
+                                   "failed to load crashing_plugin:ops: SystemError: boom")
