@@ -47,10 +47,21 @@ def example_entry_points() -> EntryPoints:
     return tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]["entry-points"]
 
 
+def installed_plugins() -> list[str]:
+    """Plugins installed in this environment (the tests that need none are skipped where there are some)."""
+    return [p.label for g in plugins.GROUPS for p in plugins.discover(g)]
+
+
+needs_clean_environment = pytest.mark.skipif(bool(installed_plugins()), reason="plugins are installed here")
+
+
 @pytest.fixture
 def example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The example plugin package, visible to importlib.metadata for this test only; returns the site dir."""
+    """The example plugin package, visible to importlib.metadata for this test only (unless it is
+    installed already); returns the site dir."""
     site = tmp_path / "site"
+    if any("autofusion-plugin-example" in label for label in installed_plugins()):
+        return site
     write_dist(site, "autofusion-plugin-example", "0.1.0", example_entry_points())
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
     monkeypatch.syspath_prepend(str(site))
@@ -91,6 +102,7 @@ def swish_onnx(path: Path, custom_op: bool) -> Path:
 # -- the example through the API --------------------------------------------------------------------
 
 
+@needs_clean_environment
 def test_nothing_installed_means_the_builtins(tmp_path: Path) -> None:
     assert all(plugins.discover(g) == () for g in plugins.GROUPS)
     assert plugins.registry_with_plugins() is default_registry()
@@ -154,6 +166,7 @@ def test_cli_lists_plugins(example: Path, capsys: pytest.CaptureFixture[str]) ->
     assert code == 0 and len(rows) == 5 and all(not r["error"] for r in rows)
 
 
+@needs_clean_environment
 def test_cli_without_plugins(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "plugins")
     assert code == 0 and out.startswith("no plugins installed")
@@ -185,6 +198,7 @@ def test_cli_fuse_with_plugin_rules_op_and_strategy(example: Path, tmp_path: Pat
     assert code == 2 and "'Swish' has no ONNX opset-18 form" in err and not (tmp_path / "out.onnx").exists()
 
 
+@needs_clean_environment
 def test_cli_needs_the_plugin_for_its_op(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     custom = swish_onnx(tmp_path / "custom.onnx", custom_op=True)
     code, _, err = cli(capsys, "fuse", str(custom), "--rules", str(EXAMPLE_RULES))
@@ -210,6 +224,7 @@ BROKEN = [
 ]
 
 
+@needs_clean_environment
 @pytest.mark.parametrize("index", range(len(BROKEN)))
 def test_broken_op_and_rule_plugins_are_reported_by_name(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,6 +248,7 @@ def test_duplicate_ops_from_two_plugins(tmp_path: Path, monkeypatch: pytest.Monk
         plugins.registry_with_plugins()
 
 
+@needs_clean_environment
 def test_broken_cost_model_strategy_and_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     source = ("class Nothing:\n    name = 'nothing'\n"
@@ -257,6 +273,7 @@ def test_broken_cost_model_strategy_and_backend(tmp_path: Path, monkeypatch: pyt
     assert code == 2 and len(err.strip().splitlines()) == 4
 
 
+@needs_clean_environment
 def test_broken_plugin_never_shows_a_traceback_from_the_command(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
