@@ -209,21 +209,25 @@ def _detail(pair: Mapping[str, Any]) -> str:
 
 
 def _pictures(plan: Plan, pictures: Sequence[Picture]) -> str:
+    """The rendered pictures inline; for those without SVG, a note naming the DOT files and why."""
     if not pictures:
         return ""
-    problems = sorted({p.problem for p in pictures if p.svg is None and p.problem})
-    note = "".join(f'<p class="note">{esc(p)}: the pictures are the DOT files '
-                   f'{", ".join(f"<code>{esc(q.dot_file)}</code>" for q in pictures)} '
-                   "(render them with <code>dot -Tsvg</code>).</p>" for p in problems)
-    legend = "".join(f"<span>{_swatch(t)}</span>" for t in legend_templates(plan.groups))
-    boxes = []
-    for p in pictures:
-        inner = inline_svg(p.svg) if p.svg else f'<p class="muted" style="padding:12px">{esc(p.dot_file)}</p>'
-        boxes.append(f'<div class="picture"><h3>{esc(p.title)}</h3>{inner}</div>')
-    return (f'<section id="pictures"><h2>Graphs before and after fusion</h2>{note}'
-            f'<div class="legend">Fused kernels are coloured by template: {legend or "none"}. '
-            "Dashed edges are tensors that stay inside a kernel; solid ones are written to memory.</div>"
-            f'<div class="pictures">{"".join(boxes)}</div></section>')
+    missing = [p for p in pictures if p.svg is None]
+    notes = "".join(
+        f'<p class="note">{esc(problem)}: see the DOT files '
+        f'{", ".join(f"<code>{esc(p.dot_file)}</code>" for p in missing if p.problem == problem)} '
+        "next to this report (render them with <code>dot -Tsvg</code>).</p>"
+        for problem in dict.fromkeys(p.problem or "no picture" for p in missing))
+    shown = [p for p in pictures if p.svg is not None]
+    legend = ""
+    if shown:
+        swatches = "".join(f"<span>{_swatch(t)}</span>" for t in legend_templates(plan.groups))
+        legend = (f'<div class="legend">Fused kernels are drawn as boxes coloured by template: {swatches or "none"}'
+                  "</div><div class=\"legend\">Dashed edges are tensors that stay inside a kernel; solid ones are "
+                  "written to memory.</div>")
+    boxes = "".join(f'<div class="picture"><h3>{esc(p.title)}</h3>{inline_svg(p.svg or "")}</div>' for p in shown)
+    return (f'<section id="pictures"><h2>Graphs before and after fusion</h2>{notes}{legend}'
+            f'<div class="pictures">{boxes}</div></section>')
 
 
 def _nav(with_pictures: bool) -> str:
