@@ -11,7 +11,7 @@ import pytest
 
 from autofusion.decide import build_groups, unfused_plan
 from autofusion.decide.plan import ZERO_COST, Plan
-from autofusion.ir import DType, Graph, GraphBuilder, run_graph
+from autofusion.ir import DType, GraphBuilder, run_graph
 from autofusion.runtime import CompiledModel, compare_outputs
 
 CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")

@@ -44,10 +44,14 @@ def _run(cmd: list[str], source: Path, what: str) -> None:
 
 
 def compile_library(source: LibrarySource, toolchain: Toolchain | None = None,
-                    cache: CompileCache | None = None, jobs: int | None = None) -> Path:
-    """The shared library built from ``source`` (from the cache when built before)."""
+                    cache: CompileCache | str | os.PathLike[str] | None = None, jobs: int | None = None) -> Path:
+    """The shared library built from ``source`` (from the cache when built before).
+
+    ``cache`` is a CompileCache or a directory (default: ``$AUTOFUSION_CACHE`` or
+    ``~/.cache/autofusion``). Raises CompileError naming the generated file and the first errors.
+    """
     tc = toolchain or detect_toolchain()
-    cache = cache or CompileCache()
+    cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
     blas_c, blas_l = blas_flags() if source.uses_blas else ((), ())
     header_key = _digest(source.header)[:16]
     include = cache.root / "include" / header_key

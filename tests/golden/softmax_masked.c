@@ -1,0 +1,44 @@
+/* k0_div_add_softmax: Div -> Add -> Softmax */
+/* template reduction, kind linear, 3 node(s) */
+/* rules: fuse_reduction (rules/example.fuse:7) */
+AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float* restrict t_mask, float* restrict t_softmax_4_out, char* restrict scratch, int nt)
+{
+    (void)scratch;
+    (void)nt;
+    /* stage 0: Softmax softmax_4 over axes [3] of add_3_out [1, 12, 128, 128]: 1536 rows x 128 */
+    #pragma omp parallel num_threads(nt)
+    {
+        float* restrict s0_xrow = (float*)af_alloc(128 * sizeof(float));
+        #pragma omp for schedule(static)
+        for (int64_t row = 0; row < 1536; ++row) {
+            const int64_t i1 = row / 128;
+            const int64_t i2 = row % 128;
+            float s0_max = (-INFINITY);
+            #pragma omp simd reduction(max:s0_max)
+            for (int64_t j = 0; j < 128; ++j) {
+                const int64_t i3 = j;
+                const float v3 = t_scores[i1 * 16384 + i2 * 128 + i3];
+                const float v4 = v3 / 8.0f;
+                const float v5 = t_mask[i3];
+                const float v6 = v4 + v5;
+                s0_xrow[j] = v6;
+                s0_max = s0_max > v6 ? s0_max : v6;
+            }
+            double s0_sum = 0.0;
+            #pragma omp simd reduction(+:s0_sum)
+            for (int64_t j = 0; j < 128; ++j) {
+                const int64_t i3 = j;
+                s0_sum += af_expf(s0_xrow[j] - s0_max);
+            }
+            const float s0_den = (float)s0_sum;
+            const float s0_log = (float)log(s0_sum);
+            for (int64_t j = 0; j < 128; ++j) {
+                const int64_t i3 = j;
+                const float v7 = s0_xrow[i3];
+                const float v8 = af_expf(v7 - s0_max) / s0_den;
+                t_softmax_4_out[i1 * 16384 + i2 * 128 + i3] = v8;
+            }
+        }
+        af_free(s0_xrow);
+    }
+}
