@@ -122,3 +122,12 @@ def test_horizontal_qkv_shares_one_input_and_concatenated_weights() -> None:
     (kernel,) = model.source.kernels
     assert len(kernel.derived) == 1 and kernel.derived[0][1].shape == (32, 96)  # weights concatenated once
     assert kernel.code.count("scipy_cblas_sgemm") == 3 and kernel.code.count("#pragma omp parallel") <= 1
+
+
+def test_attention_block_with_two_matmuls_runs_staged() -> None:
+    b = GraphBuilder("block")
+    q, k, v = b.input("q", (2, 8, 16)), b.input("k", (2, 16, 8)), b.input("v", (2, 8, 16))
+    probs = b.op("Softmax", b.op("Mul", b.op("MatMul", q, k), b.const(np.float32(0.25))), axis=-1)
+    g = b.build([b.op("Add", b.op("MatMul", probs, v), b.const(np.float32(1.0)))])
+    code = check(g, {"q": f32(2, 8, 16), "k": f32(2, 16, 8), "v": f32(2, 8, 16)})
+    assert code.count("scipy_cblas_sgemm") == 2 and "stage 0: Softmax" in code

@@ -102,3 +102,18 @@ def test_lstm_variants(attrs: dict, extra: tuple[str, ...]) -> None:
         ins.pop()
     g = b.build(b.op_multi("LSTM", ins, 3, hidden_size=hidden, **attrs))
     check(unfused_plan(g), feeds)
+
+
+def test_lstm_cell_unrolled_over_time_as_one_scan_kernel() -> None:
+    from autofusion.models import build, random_inputs
+
+    g = build("lstm-tiny")
+    head = g.nodes[-1]  # the linear head after the last step
+    cells = [n.name for n in g.nodes if n.op != "Gather" and n is not head]
+    rest = [[n.name] for n in g.nodes if n.op == "Gather" or n is head]
+    template = {frozenset(cells): "lstm_scan"}
+    groups = build_groups(g, [cells, *rest], template_of=lambda ns: template.get(frozenset(ns), "opaque"))
+    plan = Plan(g, groups, ZERO_COST, ZERO_COST)
+    scan = next(grp for grp in plan.groups if grp.template == "lstm_scan")
+    assert sum(g.node_by_name[n].op == "Gemm" for n in scan.nodes) == 16  # 8 steps, 2 projections each
+    check(plan, random_inputs(g, seed=3))

@@ -52,7 +52,7 @@ def test_op_a_template_cannot_compute_names_the_op() -> None:
 
 
 @pytest.mark.parametrize("template,message", [
-    ("lstm_scan", "not implemented"), ("opaque", "renders one op"), ("view", "only view ops"),
+    ("horizontal_gemm", "needs MatMul or Gemm"), ("opaque", "renders one op"), ("view", "only view ops"),
     ("conv_epilogue", "needs a Conv"),
 ])
 def test_template_misuse(template: str, message: str) -> None:

@@ -10,6 +10,7 @@ code with unit leading spatial axes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from autofusion.codegen import index as ix
 from autofusion.codegen.index import Index
@@ -33,9 +34,16 @@ def _pad3(values: tuple[int, ...] | list[int], fill: int) -> list[int]:
 
 
 class _Conv:
-    def __init__(self, k: KernelContext, nodes: list[Node], core: Node) -> None:
+    def __init__(self, k: KernelContext, nodes: list[Node], core: Node,
+                 materialized: Mapping[str, str] | None = None) -> None:
         self.k, self.g, self.core = k, k.graph, core
-        self.members = frozenset(n.name for n in nodes)
+        self.materialized = dict(materialized or {})  # tensors an earlier stage already wrote
+        self.loads: dict[str, Override] = {}
+        for t, ptr in self.materialized.items():
+            shape = self.g.types[t].shape
+            self.loads[t] = (lambda p, sh: (lambda idx, block: f"{p}[{ix.linear(idx, sh)}]"))(ptr, shape)
+        done = {n.name for n in nodes if n.outputs and all(o in self.materialized for o in n.outputs if o)}
+        self.members = frozenset(n.name for n in nodes) - done
         self.non_core = self.members - {core.name}
         self.handlers = op_handlers()
         self.prologue: list[str] = []
@@ -46,13 +54,16 @@ class _Conv:
         """A pointer to ``tensor`` laid out contiguously (computed into scratch when needed)."""
         if self.g.types[tensor].dtype != DType.FLOAT32:
             raise self.k.error(f"Conv operands must be float32, {tensor!r} is {self.g.types[tensor].dtype}", self.core)
-        view = strided_view(self.g, self.non_core, tensor, self.k.pointer)
+        view = strided_view(self.g, self.non_core, tensor, lambda t: self.materialized.get(t) or self.k.pointer(t))
         if view is not None and view.contiguous:
             return view.ptr if view.offset == 0 else f"({view.ptr} + {view.offset})"
         off = self.k.scratch(self.g.types[tensor].nbytes)
         ptr = f"((float*)(scratch + {off}))"
-        self.prologue.append(LoopNest(self.k, self.non_core, handlers=self.handlers).render([(tensor, ptr)]))
+        self.prologue.append(self._nest().render([(tensor, ptr)]))
         return ptr
+
+    def _nest(self, overrides: Mapping[str, Override] | None = None) -> LoopNest:
+        return LoopNest(self.k, self.non_core, overrides={**self.loads, **(overrides or {})}, handlers=self.handlers)
 
     def _depends_on_core(self, tensor: str, seen: dict[str, bool]) -> bool:
         if tensor in seen:
@@ -65,7 +76,8 @@ class _Conv:
         seen[tensor] = hit
         return hit
 
-    def render(self) -> str:
+    def render(self, only_into: str = "") -> str:
+        """The kernel body; with ``only_into``, just the convolution (and bias) into that buffer."""
         core, g, k = self.core, self.g, self.k
         x_t, w_t = core.inputs[0], core.inputs[1]
         bias_t = core.inputs[2] if len(core.inputs) > 2 else ""
@@ -92,7 +104,7 @@ class _Conv:
         w_ptr = self._buffer(w_t)
         col_ptr = f"((float*)(scratch + {k.scratch(kc * p * 4)}))" if im2col else ""
 
-        outputs = list(k.group.outputs)
+        outputs = [] if only_into else list(k.group.outputs)
         aligned, late, early = [], [], []
         for t in outputs:
             dest = k.pointer(t)
@@ -103,14 +115,18 @@ class _Conv:
             else:
                 late.append((t, dest))
         ybuf = ""
-        if y in outputs:
+        if only_into:
+            ybuf = only_into
+            if bias_t:
+                aligned.append((y, ybuf))
+        elif y in outputs:
             ybuf = k.pointer(y)
         elif late:
             ybuf = f"((float*)(scratch + {k.scratch(g.types[y].nbytes)}))"
             if bias_t:
                 aligned.insert(0, (y, ybuf))
         if early:
-            self.prologue.append(LoopNest(k, self.non_core, handlers=self.handlers).render(early))
+            self.prologue.append(self._nest().render(early))
         mb = mg if mg <= TILE_M * 3 // 2 else TILE_M
         rows_per_tile = max(1, TILE_P // ow)
         pb = min(p, ow * rows_per_tile)
@@ -120,7 +136,7 @@ class _Conv:
         else:
             c_ptr, ldc = "tile", pb
 
-        inl = Inliner(k, self.non_core, self.handlers)
+        inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
         inl.overrides[y] = self._tile_override(ldc, ow, bias_t, inl)
         body = Block()
         idx = self._y_index()
@@ -134,9 +150,8 @@ class _Conv:
                      if ys[d] != 1]
         col_lines = [f"const int64_t i{sp_dims[-1]} = ow;"] if ys[-1] != 1 else ["(void)ow;"]
         if late:
-            members = frozenset(self.non_core)
             over: dict[str, Override] = {y: lambda ix_, blk: f"{ybuf}[{ix.linear(ix_, ys)}]"}
-            self.epilogue.append(LoopNest(k, members, overrides=over, handlers=self.handlers).render(late))
+            self.epilogue.append(self._nest(over).render(late))
         flops = 2 * n_img * m * p * kc
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         return k.templates.render(
@@ -171,9 +186,9 @@ class _Conv:
         y = self.core.outputs[0]
         if self.g.types[tensor].shape != self.g.types[y].shape:
             return False
-        if LoopNest(self.k, self.non_core, handlers=self.handlers).reductions_behind(tensor):
+        if self._nest().reductions_behind(tensor):
             return False
-        inl = Inliner(self.k, self.non_core, self.handlers)
+        inl = Inliner(self.k, self.non_core, self.handlers, overrides=dict(self.loads))
         inl.overrides[y] = self._tile_override(ldc, 1, "", inl)
         try:
             inl.value(tensor, self._y_index(), Block())
@@ -187,3 +202,11 @@ def render_conv(k: KernelContext, nodes: list[Node], core: Node) -> str:
     if math.prod(k.graph.types[core.outputs[0]].shape) == 0:
         return "/* empty output */"
     return _Conv(k, nodes, core).render()
+
+
+def render_conv_core(k: KernelContext, nodes: list[Node], core: Node, ybuf: str,
+                     materialized: Mapping[str, str]) -> str:
+    """Just the convolution ``core`` (with its bias) into ``ybuf``, inside a multi-core kernel."""
+    if math.prod(k.graph.types[core.outputs[0]].shape) == 0:
+        return "/* empty output */"
+    return _Conv(k, nodes, core, materialized).render(only_into=ybuf)

@@ -13,6 +13,7 @@ tiles from the full product.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,16 +73,35 @@ class _Segment:
 
 
 class _Gemm:
-    def __init__(self, k: KernelContext, nodes: list[Node], cores: list[Node]) -> None:
+    def __init__(self, k: KernelContext, nodes: list[Node], cores: list[Node],
+                 materialized: Mapping[str, str] | None = None) -> None:
         self.k = k
         self.g = k.graph
-        self.members = frozenset(n.name for n in nodes)
+        # tensors an earlier stage of the kernel already wrote: read from there, never recomputed
+        self.materialized = dict(materialized or {})
+        self.loads: dict[str, Override] = {t: self._load(t, ptr) for t, ptr in self.materialized.items()}
+        self.members = frozenset(n.name for n in nodes if not self._done(n))
         self.cores = cores
-        self.non_core = frozenset(n.name for n in nodes if n not in cores)
+        self.non_core = frozenset(n.name for n in nodes if n not in cores and not self._done(n))
         self.handlers = op_handlers()
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         k.uses_blas = True
+
+    def _done(self, node: Node) -> bool:
+        return bool(node.outputs) and all(o in self.materialized for o in node.outputs if o)
+
+    def _load(self, tensor: str, ptr: str) -> Override:
+        shape = self.g.types[tensor].shape
+        return lambda idx, block: f"{ptr}[{ix.linear(idx, shape)}]"
+
+    def _pointer(self, tensor: str) -> str:
+        return self.materialized.get(tensor) or self.k.pointer(tensor)
+
+    def _nest(self, overrides: Mapping[str, Override] | None = None, members: frozenset[str] | None = None
+              ) -> LoopNest:
+        return LoopNest(self.k, self.non_core if members is None else members,
+                        overrides={**self.loads, **(overrides or {})}, handlers=self.handlers)
 
     # -- operands ---------------------------------------------------------------------------------
 
@@ -90,13 +110,13 @@ class _Gemm:
         t = self.g.types[tensor]
         off = self.k.scratch(t.nbytes)
         ptr = f"((float*)(scratch + {off}))"
-        self.prologue.append(LoopNest(self.k, self.non_core, handlers=self.handlers).render([(tensor, ptr)]))
+        self.prologue.append(self._nest().render([(tensor, ptr)]))
         return contiguous_view(ptr, t.shape)
 
     def _operand(self, tensor: str) -> StridedView:
         if self.g.types[tensor].dtype != DType.FLOAT32:
             raise self.k.error(f"MatMul operands must be float32, {tensor!r} is {self.g.types[tensor].dtype}")
-        view = strided_view(self.g, self.non_core, tensor, self.k.pointer)
+        view = strided_view(self.g, self.non_core, tensor, self._pointer)
         return view if view is not None else self._scratch_copy(tensor)
 
     @staticmethod
@@ -200,7 +220,6 @@ class _Gemm:
 
     def render(self, segments: list[_Segment]) -> str:
         outputs = list(self.k.group.outputs)
-        core_names = {s.node.name: s for s in segments}
         late: list[tuple[str, str]] = []
         early: list[tuple[str, str]] = []
         for t in outputs:
@@ -222,17 +241,27 @@ class _Gemm:
                 if s.c_input:
                     s.targets.insert(0, (s.y, s.ybuf))
         if early:
-            self.prologue.append(LoopNest(self.k, self.non_core, handlers=self.handlers).render(early))
+            self.prologue.append(self._nest().render(early))
+        return self._emit(segments, late)
+
+    def render_core(self, core: Node, ybuf: str) -> str:
+        """Only the product of ``core`` (with Gemm's C term) into the full buffer ``ybuf``."""
+        seg = self.segment(core)
+        seg.ybuf = ybuf
+        if seg.c_input:
+            seg.targets.append((seg.y, ybuf))
+        return self._emit([seg], [], label="bias" if seg.c_input else "none")
+
+    def _emit(self, segments: list[_Segment], late: list[tuple[str, str]], label: str = "") -> str:
+        core_names = {s.node.name for s in segments}
         seg_data = [self._segment_data(s) for s in segments]
         tile_floats = max((TILE_M * TILE_N for s in segments if not s.ybuf), default=0)
         flops = sum(2 * s.rows * s.n * s.k * s.calls for s in segments)
         tiles = sum(d["tiles"] for d in seg_data)
         if late:
             overrides = {s.y: self._full_override(s) for s in segments if s.ybuf}
-            members = self.members - set(core_names)
-            self.epilogue.append(LoopNest(self.k, frozenset(members), overrides=overrides,
-                                          handlers=self.handlers).render(late))
-        ops = " -> ".join(self.g.node_by_name[n].op for n in self.k.group.nodes)
+            self.epilogue.append(self._nest(overrides, frozenset(self.members - core_names)).render(late))
+        ops = label or " -> ".join(self.g.node_by_name[n].op for n in self.k.group.nodes if n in self.members)
         return self.k.templates.render(
             "gemm_epilogue.c.j2",
             comment=c_comment_text(f"sgemm tiles of {TILE_M}x{TILE_N} with the epilogue per tile: {ops}"),
@@ -242,10 +271,9 @@ class _Gemm:
     def _aligned(self, seg: _Segment, tensor: str) -> bool:
         if self.g.types[tensor].shape != self.g.types[seg.y].shape:
             return False
-        probe = LoopNest(self.k, self.non_core, handlers=self.handlers)
-        if probe.reductions_behind(tensor):
+        if self._nest().reductions_behind(tensor):
             return False
-        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers)
+        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers, overrides=dict(self.loads))
         inl.overrides[seg.y] = self._tile_override(seg, 1, inl)
         try:
             inl.value(tensor, self.y_index(seg), Block())
@@ -296,7 +324,7 @@ class _Gemm:
             c_ptr, ldc = f"{seg.ybuf} + {ix.paren(ix.add(y_batch, ix.add(ix.mul('m0', n), 'n0')))}", n
         else:
             c_ptr, ldc = "tile", nb
-        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers)
+        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers, overrides=dict(self.loads))
         inl.overrides[seg.y] = self._tile_override(seg, ldc, inl)
         body = Block()
         idx = self.y_index(seg)

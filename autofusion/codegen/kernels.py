@@ -39,8 +39,6 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
         if bad:
             raise group_error(group, "a view group may hold only view ops", bad[0])
         return None
-    if group.template == "lstm_scan":
-        raise group_error(group, "template 'lstm_scan' is not implemented by the C backend yet")
     k = KernelContext(graph, registry, group, templates)
     body = _render_body(k, nodes)
     name = kernel_name(group)
@@ -57,14 +55,18 @@ def _render_body(k: KernelContext, nodes: list[Node]) -> str:
     convs = [n for n in nodes if n.op == "Conv"]
     lstms = [n for n in nodes if n.op == "LSTM"]
     template = group.template
+    if template == "lstm_scan" or (template in ("gemm_epilogue", "conv_epilogue", "opaque")
+                                   and len(cores) + len(convs) > 1 and not lstms):
+        from autofusion.codegen.staged import render_staged
+
+        return render_staged(k, nodes)
     if template == "horizontal_gemm":
         from autofusion.codegen import gemm
 
         return gemm.render_horizontal(k, nodes)
     if template in ("gemm_epilogue", "conv_epilogue", "opaque") and (cores or convs or lstms):
-        if len(cores) + len(convs) + len(lstms) > 1 and template != "horizontal_gemm":
-            raise group_error(group, f"template {template!r} fuses around one MatMul/Gemm/Conv/LSTM core, "
-                              f"the group has {len(cores) + len(convs) + len(lstms)}")
+        if lstms and len(nodes) > 1:
+            raise group_error(group, "LSTM is rendered on its own, not fused with other ops", lstms[0])
         if cores:
             from autofusion.codegen import gemm
 
@@ -73,8 +75,6 @@ def _render_body(k: KernelContext, nodes: list[Node]) -> str:
             from autofusion.codegen import conv
 
             return conv.render_conv(k, nodes, convs[0])
-        if len(nodes) != 1:
-            raise group_error(group, "LSTM is rendered on its own, not fused with other ops", lstms[0])
         from autofusion.codegen import lstm
 
         return lstm.render_lstm(k, lstms[0])
