@@ -70,3 +70,15 @@ def test_bert_tiny_fuses_qkv_and_epilogues() -> None:
     assert {"horizontal_gemm", "gemm_epilogue", "reduction"} <= templates
     model = CompiledModel(plan, cache=CACHE)
     assert compare_outputs(run_graph(graph, feeds), model.run(feeds, threads=1)).ok
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "resnet-tiny-bn", "lstm-tiny"])
+def test_decider_plans_compile_and_match(name: str) -> None:
+    """Plans from the rule engine and decider (every template they choose) render, compile and match."""
+    from autofusion.api import optimize
+
+    graph, feeds = builtin_case(name)
+    plan = optimize(graph)
+    model = CompiledModel(plan, cache=CACHE)
+    report = compare_outputs(run_graph(graph, feeds), model.run(feeds))
+    assert report.ok, report.summary()

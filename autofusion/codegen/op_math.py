@@ -201,12 +201,12 @@ def _pow(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     if is_float(m.dtype):
         if exponent is not None and exponent.size == 1:
             e = float(np.asarray(exponent, dtype=m.dtype.numpy).reshape(()))
-            if e == 1.0:
-                return x
-            if e == 2.0:
-                return f"{x} * {x}"
             if e == 0.5:
                 return f"{m.fn('sqrt')}({x})"
+            if e == int(e) and 1 <= abs(e) <= 4:  # small integer powers as multiplications (vectorise)
+                n = int(abs(e))
+                prod = " * ".join([x] * n) if n < 4 else f"({x} * {x}) * ({x} * {x})"
+                return prod if e > 0 else f"{m.lit(1)} / ({prod})"
         y = inl.input_value(node, 1, idx, block)
         return f"{m.fn('pow')}({x}, ({m.ct}){y})"
     y = inl.input_value(node, 1, idx, block)

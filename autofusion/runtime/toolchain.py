@@ -99,7 +99,8 @@ def detect_toolchain(cc: str | None = None, opt: str = "-O3") -> Toolchain:
         version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise CompileError(f"C compiler {path!r} does not run: {e}") from None
-    base = [opt, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=gnu11"]
+    # no errno and no FP traps: lets libm calls inline and floor/compare-heavy math helpers vectorise
+    base = [opt, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
     with tempfile.TemporaryDirectory(prefix="autofusion-probe-") as tmp:
         workdir = Path(tmp)
         for extra, omp in ((["-march=native", "-fopenmp"], True), (["-fopenmp"], True),
