@@ -242,7 +242,47 @@ class _Gemm:
                     s.targets.insert(0, (s.y, s.ybuf))
         if early:
             self.prologue.append(self._nest().render(early))
+        if len(segments) > 1 and self._mergeable(segments):
+            return self._emit_merged(segments, late)
         return self._emit(segments, late)
+
+    @staticmethod
+    def _mergeable(segments: list[_Segment]) -> bool:
+        """Whether the segments are column blocks of one product (shared A, concatenated B)."""
+        first = segments[0]
+        off = first.b.offset
+        for s in segments:
+            if (s.a != first.a or s.alpha != first.alpha or s.batch != first.batch or s.flat != first.flat
+                    or s.drop_m != first.drop_m or s.drop_n or s.b.ptr != first.b.ptr
+                    or s.b.strides != first.b.strides or s.b.offset != off or s.b.strides[-1] != 1):
+                return False
+            off += s.n
+        return True
+
+    def _emit_merged(self, segments: list[_Segment], late: list[tuple[str, str]]) -> str:
+        """One sgemm over the concatenated weights; each tile's epilogue split by column range."""
+        first = segments[0]
+        total = sum(s.n for s in segments)
+        whole = _Segment(first.node, first.y, first.a, StridedView(first.b.ptr, first.b.shape[:-1] + (total,),
+                                                                   first.b.strides, first.b.offset),
+                         first.alpha, "", 1.0, first.drop_m, False, first.batch, first.flat, first.row_stride_a)
+        for s in segments:
+            if s.ybuf and (s.y, s.ybuf) not in s.targets:
+                s.targets.insert(0, (s.y, s.ybuf))  # the product goes to the tile: copy Y out
+        data = self._segment_data(whole, parts=segments)
+        data["comment"] = c_comment_text(
+            f"one sgemm for {', '.join(s.node.name for s in segments)}: [{data['m']} x {data['k']}] @ "
+            f"[{data['k']} x {total}] (weights concatenated), outputs split by columns")
+        if late:
+            overrides = {s.y: self._full_override(s) for s in segments if s.ybuf}
+            core_names = {s.node.name for s in segments}
+            self.epilogue.append(self._nest(overrides, frozenset(self.members - core_names)).render(late))
+        return self.k.templates.render(
+            "gemm_epilogue.c.j2",
+            comment=c_comment_text(f"horizontal sgemm tiles of {TILE_M}x{TILE_N}, epilogue per tile and output"),
+            prologue=self.prologue, epilogue=self.epilogue, segments=[data],
+            parallel=data["tiles"] > 1 and 2 * whole.rows * total * whole.k >= PARALLEL_MIN_FLOPS,
+            tile_floats=data["mb"] * data["nb"])
 
     def render_core(self, core: Node, ybuf: str) -> str:
         """Only the product of ``core`` (with Gemm's C term) into the full buffer ``ybuf``."""
@@ -281,7 +321,8 @@ class _Gemm:
             return False
         return True
 
-    def _segment_data(self, seg: _Segment) -> dict[str, object]:
+    def _segment_data(self, seg: _Segment, parts: list[_Segment] | None = None) -> dict[str, object]:
+        """Template data of one sgemm tile loop; ``parts`` splits its columns among several cores."""
         y_shape = self.g.types[seg.y].shape
         m_rows = seg.a.shape[-2]
         m_total = seg.rows
@@ -317,22 +358,17 @@ class _Gemm:
             y_batch = ix.mul("b", m_rows * n)
             if m_dim is not None and y_shape[m_dim] != 1:
                 row_lines.append(f"const int64_t i{m_dim} = m0 + mi;")
-        col_lines = [f"const int64_t i{n_dim} = n0 + ni;"] if n_dim is not None and y_shape[n_dim] != 1 else []
         a_ptr = f"{seg.a.ptr} + {ix.paren(ix.add(a_terms, ix.mul('m0', seg.row_stride_a)))}"
         b_ptr = f"{seg.b.ptr} + {ix.paren(ix.add(b_terms, ix.mul('n0', seg.b.strides[-1])))}"
         if seg.ybuf:
             c_ptr, ldc = f"{seg.ybuf} + {ix.paren(ix.add(y_batch, ix.add(ix.mul('m0', n), 'n0')))}", n
         else:
             c_ptr, ldc = "tile", nb
-        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers, overrides=dict(self.loads))
-        inl.overrides[seg.y] = self._tile_override(seg, ldc, inl)
-        body = Block()
-        idx = self.y_index(seg)
-        for t, dest in seg.targets:
-            if t == seg.y and not seg.c_input and dest == seg.ybuf:
-                continue  # the sgemm already wrote it
-            v = inl.value(t, idx, body)
-            body.emit(f"{dest}[{ix.linear(idx, y_shape)}] = {v};")
+        split, offset = parts is not None, 0
+        part_data = []
+        for part in parts or [seg]:
+            part_data.append(self._part(part, ldc, n_dim, offset, direct=not split and bool(seg.ybuf)))
+            offset += part.n
         return {
             "comment": c_comment_text(
                 f"{seg.node.op} {seg.node.name}: {n_batch} x [{m_total} x {kk}] @ [{kk} x {n}] -> {seg.y}"),
@@ -340,8 +376,24 @@ class _Gemm:
             "m": m_total, "n": n, "k": kk, "alpha": literal(seg.alpha, DType.FLOAT32),
             "ta": "CblasTrans" if ta else "CblasNoTrans", "tb": "CblasTrans" if tb else "CblasNoTrans",
             "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
-            "batch_lines": batch_lines, "row_lines": row_lines, "col_lines": col_lines, "body": body.lines,
+            "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
         }
+
+    def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, direct: bool) -> dict[str, object]:
+        """The epilogue of ``seg`` on columns [offset, offset + N) of the tile."""
+        y_shape = self.g.types[seg.y].shape
+        inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers, overrides=dict(self.loads))
+        inl.overrides[seg.y] = self._tile_override(seg, ldc, inl)
+        body = Block()
+        idx = self.y_index(seg)
+        for t, dest in seg.targets:
+            if direct and t == seg.y and not seg.c_input and dest == seg.ybuf:
+                continue  # the sgemm already wrote it
+            v = inl.value(t, idx, body)
+            body.emit(f"{dest}[{ix.linear(idx, y_shape)}] = {v};")
+        col = ix.sub("n0 + ni", offset) if offset else "n0 + ni"
+        col_lines = [f"const int64_t i{n_dim} = {col};"] if n_dim is not None and y_shape[n_dim] != 1 else []
+        return {"lo": offset, "hi": offset + seg.n, "col_lines": col_lines, "body": body.lines}
 
     @staticmethod
     def _batch_offset(bvars: Index, batch: tuple[int, ...], view: StridedView) -> str:

@@ -23,20 +23,23 @@ AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const
                 float* restrict c = tile;
                 scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mlen, nlen, 768, 1.0f,
                                   t_hidden + (m0 * 768), 768, t_const_1 + n0, 3072, 0.0f, c, 256);
-                for (int64_t mi = 0; mi < mlen; ++mi) {
-                    const int64_t r = m0 + mi;
-                    const int64_t i1 = r;
-                    for (int64_t ni = 0; ni < nlen; ++ni) {
-                        const int64_t i2 = n0 + ni;
-                        const float v9 = c[mi * 256 + ni];
-                        const float v10 = t_const_3[i2];
-                        const float v11 = v9 + v10;
-                        const float v12 = v11 * 0.5f;
-                        const float v13 = v11 / 1.4142135f;
-                        const float v14 = af_erff(v13);
-                        const float v15 = v14 + 1.0f;
-                        const float v16 = v12 * v15;
-                        t_mul_12_out[i1 * 3072 + i2] = v16;
+                {
+                    const int64_t lo = 0, hi = nlen;
+                    for (int64_t mi = 0; mi < mlen; ++mi) {
+                        const int64_t r = m0 + mi;
+                        const int64_t i1 = r;
+                        for (int64_t ni = lo; ni < hi; ++ni) {
+                            const int64_t i2 = n0 + ni;
+                            const float v9 = c[mi * 256 + ni];
+                            const float v10 = t_const_3[i2];
+                            const float v11 = v9 + v10;
+                            const float v12 = v11 * 0.5f;
+                            const float v13 = v11 / 1.4142135f;
+                            const float v14 = af_erff(v13);
+                            const float v15 = v14 + 1.0f;
+                            const float v16 = v12 * v15;
+                            t_mul_12_out[i1 * 3072 + i2] = v16;
+                        }
                     }
                 }
             }
