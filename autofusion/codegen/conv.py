@@ -86,8 +86,8 @@ class _Conv:
         spatial = len(xs) - 2
         if spatial < 1 or spatial > 3:
             raise k.error(f"Conv with {spatial} spatial axes is not supported", core)
-        groups = int(core.attrs.get("group", 1))
-        win = window(xs[2:], ints(core.attrs.get("kernel_shape") or ws[2:]), core.attrs.get)
+        groups = int(core.attr("group", 1))
+        win = window(xs[2:], ints(core.attr("kernel_shape") or ws[2:]), core.attrs.get)
         n_img, channels, m = xs[0], xs[1], ws[0]
         cg, mg = channels // groups, m // groups
         ind, inh, inw = _pad3(list(xs[2:]), 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -130,7 +131,7 @@ class _Gemm:
 
     def _oriented(self, node: Node, view: StridedView, which: str) -> StridedView:
         view = self._as_matrix(view, which)
-        if node.op == "Gemm" and node.attrs.get("transA" if which == "a" else "transB", 0):
+        if node.op == "Gemm" and node.attr("transA" if which == "a" else "transB", 0):
             view = view.transposed_last2()
         return view
 
@@ -140,8 +141,8 @@ class _Gemm:
         b = b_override or self._oriented(node, self._operand(b_t), "b")
         alpha, beta, c_input = 1.0, 1.0, ""
         if node.op == "Gemm":
-            alpha = float(node.attrs.get("alpha", 1.0))
-            beta = float(node.attrs.get("beta", 1.0))
+            alpha = float(node.attr("alpha", 1.0))
+            beta = float(node.attr("beta", 1.0))
             c_input = node.inputs[2] if len(node.inputs) > 2 else ""
         drop_m, drop_n = self.g.types[a_t].rank == 1, self.g.types[b_t].rank == 1
         seg = _Segment(node, node.outputs[0], a, b, alpha, c_input, beta, drop_m, drop_n)
@@ -321,7 +322,7 @@ class _Gemm:
             return False
         return True
 
-    def _segment_data(self, seg: _Segment, parts: list[_Segment] | None = None) -> dict[str, object]:
+    def _segment_data(self, seg: _Segment, parts: list[_Segment] | None = None) -> dict[str, Any]:
         """Template data of one sgemm tile loop; ``parts`` splits its columns among several cores."""
         y_shape = self.g.types[seg.y].shape
         m_rows = seg.a.shape[-2]
@@ -418,7 +419,7 @@ def render_horizontal(k: KernelContext, nodes: list[Node]) -> str:
     if not cores:
         raise k.error("template 'horizontal_gemm' needs MatMul or Gemm nodes")
     shared = {n.inputs[0] for n in cores}
-    if len(shared) != 1 or any(n.op == "Gemm" and n.attrs.get("transA", 0) for n in cores):
+    if len(shared) != 1 or any(n.op == "Gemm" and n.attr("transA", 0) for n in cores):
         raise k.error("template 'horizontal_gemm' needs MatMuls that share their first input "
                       f"(got {sorted(shared)})")
     gm = _Gemm(k, nodes, cores)
@@ -441,4 +442,4 @@ def _constant_weight(k: KernelContext, node: Node) -> np.ndarray | None:
     w = k.graph.const_value(node.inputs[1])
     if w is None or w.ndim != 2 or w.dtype != np.float32:
         return None
-    return w.T if node.op == "Gemm" and node.attrs.get("transB", 0) else w
+    return w.T if node.op == "Gemm" and node.attr("transB", 0) else w

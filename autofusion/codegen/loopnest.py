@@ -263,12 +263,14 @@ class LoopNest:
 
     def _assign_to_stage(self, tensor: str, dest: str) -> bool:
         behind = self.reductions_behind(tensor)
+        found: _Stage | None
         if behind:
-            stage = max((self._stage_of[n] for n in behind), key=lambda s: s.k)
+            found = max((self._stage_of[n] for n in behind), key=lambda s: s.k)
         else:
-            stage = next((s for s in self.stages if s.spec.x == tensor), None)
-            if stage is None:
-                return False
+            found = next((s for s in self.stages if s.spec.x == tensor), None)
+        if found is None:
+            return False
+        stage = found
         layout = self._layout_of(stage, tensor)
         if layout is None:
             return False
@@ -362,7 +364,8 @@ class LoopNest:
             body.emit(f"{dest}[{ix.linear(idx, shape)}] = {v};")
         loop_dims = [d for d, n in enumerate(shape) if n != 1]
         numel = math.prod(shape)
-        outer_dims, inner = loop_dims[:-1], loop_dims[-1:] or [None]
+        outer_dims = loop_dims[:-1]
+        inner: list[int | None] = list(loop_dims[-1:]) or [None]
         outer_sizes = [shape[d] for d in outer_dims]
         outer_exprs = ix.delinear("o", outer_sizes) if outer_dims else ()
         names = ", ".join(t for t, _ in outs)

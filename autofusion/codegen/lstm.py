@@ -56,15 +56,15 @@ def render_lstm(k: KernelContext, node: Node) -> str:
         if inp(i) and g.types[inp(i)].dtype != DType.FLOAT32:
             raise k.error("LSTM is supported for float32 only", node)
     xs, rs = g.types[inp(0)].shape, g.types[inp(2)].shape
-    layout = int(node.attrs.get("layout", 0))
+    layout = int(node.attr("layout", 0))
     steps, batch, size = (xs[1], xs[0], xs[2]) if layout else xs
     dirs, hidden = rs[0], rs[-1]
-    direction = node.attrs.get("direction", "forward")
-    names = list(node.attrs.get("activations") or ["Sigmoid", "Tanh", "Tanh"] * dirs)
+    direction = node.attr("direction", "forward")
+    names = list(node.attr("activations") or ["Sigmoid", "Tanh", "Tanh"] * dirs)
     if len(names) != 3 * dirs:
         raise k.error(f"LSTM needs {3 * dirs} activations, got {len(names)}", node)
-    alphas = list(node.attrs.get("activation_alpha") or [])
-    betas = list(node.attrs.get("activation_beta") or [])
+    alphas = list(node.attr("activation_alpha") or [])
+    betas = list(node.attr("activation_beta") or [])
 
     def act(i: int, x: str) -> str:
         try:
@@ -104,7 +104,7 @@ def render_lstm(k: KernelContext, node: Node) -> str:
     k.uses_blas = True
     lens = inp(4)
     live = f"t < (int64_t){k.pointer(lens)}[b]" if lens else "1"
-    clip = node.attrs.get("clip")
+    clip = node.attr("clip")
     return k.templates.render(
         "lstm.c.j2",
         comment=c_comment_text(f"LSTM {node.name}: {steps} steps, batch {batch}, input {size}, hidden {hidden}, "
@@ -113,7 +113,7 @@ def render_lstm(k: KernelContext, node: Node) -> str:
         hidden=hidden, input_size=size, x=k.pointer(inp(0)), w=k.pointer(inp(1)), r=k.pointer(inp(2)),
         bias=k.pointer(inp(3)) if inp(3) else "", batch=batch, steps=steps,
         gx_row=f"b * {steps} + t" if layout else f"t * {batch} + b", live=live,
-        clip=None if clip is None else _f(float(clip)), input_forget=bool(node.attrs.get("input_forget", 0)),
+        clip=None if clip is None else _f(float(clip)), input_forget=bool(node.attr("input_forget", 0)),
         y=k.pointer(outs[0]) if outs[0] else "", y_h=k.pointer(outs[1]) if outs[1] else "",
         y_c=k.pointer(outs[2]) if outs[2] else "",
     )

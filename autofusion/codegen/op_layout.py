@@ -36,7 +36,7 @@ def _view(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
 
 def _transpose(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     rank = len(idx)
-    perm = node.attrs.get("perm")
+    perm = node.attr("perm")
     perm = tuple(range(rank))[::-1] if perm is None else tuple(int(p) for p in perm)
     src = ["0"] * rank
     for k, p in enumerate(perm):
@@ -71,7 +71,7 @@ def _slice(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
 
 def _split(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     rank = len(idx)
-    axis = int(node.attrs.get("axis", 0)) % rank
+    axis = int(node.attr("axis", 0)) % rank
     offset = sum(inl.shape(node.outputs[k])[axis] for k in range(pos))
     src = tuple(ix.add(e, offset) if d == axis else e for d, e in enumerate(idx))
     return inl.value(node.inputs[0], src, block)
@@ -79,7 +79,7 @@ def _split(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
 
 def _concat(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     rank = len(idx)
-    axis = int(node.attrs["axis"]) % rank
+    axis = int(node.attr("axis")) % rank
     parts = [(t, inl.shape(t)[axis]) for t in node.inputs if t and inl.shape(t)[axis] > 0]
     if len(parts) == 1:
         return inl.value(parts[0][0], idx, block)
@@ -107,7 +107,7 @@ def _pad(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     src_t = node.inputs[0]
     in_shape = inl.shape(src_t)
     widths = _pad_widths(len(in_shape), _static_input(inl, node, 1, "pads"), _static_input(inl, node, 3, "axes"))
-    mode = node.attrs.get("mode", "constant")
+    mode = node.attr("mode", "constant")
     src = []
     conds = []
     for e, n, (b, end) in zip(idx, in_shape, widths):
@@ -138,7 +138,7 @@ def _pad(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     if len(node.inputs) > 2 and node.inputs[2] and inl.k.type(node.inputs[2]).numel:
         fill = inl.value(node.inputs[2], ("0",) * len(inl.shape(node.inputs[2])), block)
     else:
-        fill = literal(node.attrs.get("value", 0.0) or 0, dtype)
+        fill = literal(node.attr("value", 0.0) or 0, dtype)
     var = inl.k.fresh()
     block.emit(f"{inl.k.ctype_of(node.outputs[0])} {var} = {fill};")
     inner = block.child()
@@ -157,7 +157,7 @@ def _data_index(inl: Inliner, e: str, dim: int, block: Block) -> str:
 def _gather(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     data, indices = node.inputs[0], node.inputs[1]
     d_shape, i_shape = inl.shape(data), inl.shape(indices)
-    axis = int(node.attrs.get("axis", 0)) % len(d_shape)
+    axis = int(node.attr("axis", 0)) % len(d_shape)
     k = len(i_shape)
     raw = inl.value(indices, tuple(idx[axis:axis + k]), block)
     g = _data_index(inl, raw, d_shape[axis], block)
@@ -168,7 +168,7 @@ def _gather(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str
 def _gather_elements(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     data, indices = node.inputs[0], node.inputs[1]
     d_shape = inl.shape(data)
-    axis = int(node.attrs.get("axis", 0)) % len(d_shape)
+    axis = int(node.attr("axis", 0)) % len(d_shape)
     raw = inl.value(indices, idx, block)
     g = _data_index(inl, raw, d_shape[axis], block)
     return inl.value(data, tuple(g if d == axis else e for d, e in enumerate(idx)), block)
@@ -177,7 +177,7 @@ def _gather_elements(inl: Inliner, node: Node, pos: int, idx: Index, block: Bloc
 def _gather_nd(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     data, indices = node.inputs[0], node.inputs[1]
     d_shape, i_shape = inl.shape(data), inl.shape(indices)
-    b = int(node.attrs.get("batch_dims", 0))
+    b = int(node.attr("batch_dims", 0))
     last = i_shape[-1]
     q = len(i_shape) - 1  # output dims that index the tuples
     src = list(idx[:b])
@@ -194,18 +194,18 @@ def _trilu(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     if len(node.inputs) > 1 and node.inputs[1]:
         k = f"(int64_t){inl.value(node.inputs[1], ('0',) * len(inl.shape(node.inputs[1])), block)}"
     row, col = idx[-2], idx[-1]
-    keep = f"{ix.paren(ix.sub(col, row))} >= {k}" if node.attrs.get("upper", 1) else (
+    keep = f"{ix.paren(ix.sub(col, row))} >= {k}" if node.attr("upper", 1) else (
         f"{ix.paren(ix.sub(col, row))} <= {k}")
     zero = literal(0, inl.k.type(node.outputs[0]).dtype)
     return f"({keep} ? {x} : {zero})"
 
 
 def _depth_to_space(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
-    b = int(node.attrs["blocksize"])
+    b = int(node.attr("blocksize"))
     n, c, h, w = idx
     c_out = inl.shape(node.outputs[0])[1]
     hh, b1, ww, b2 = ix.div(h, b), ix.mod(h, b), ix.div(w, b), ix.mod(w, b)
-    if node.attrs.get("mode", "DCR") == "DCR":
+    if node.attr("mode", "DCR") == "DCR":
         ch = ix.add(ix.mul(ix.paren(ix.add(ix.mul(b1, b), b2)), c_out), c)
     else:
         ch = ix.add(ix.add(ix.mul(c, b * b), ix.mul(b1, b)), b2)
@@ -213,7 +213,7 @@ def _depth_to_space(inl: Inliner, node: Node, pos: int, idx: Index, block: Block
 
 
 def _space_to_depth(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
-    b = int(node.attrs["blocksize"])
+    b = int(node.attr("blocksize"))
     n, c2, hh, ww = idx
     c_in = inl.shape(node.inputs[0])[1]
     blk, c = ix.div(c2, c_in), ix.mod(c2, c_in)

@@ -282,8 +282,8 @@ def _clip(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
         if len(node.inputs) > i and node.inputs[i]:
             bounds.append(inl.value(node.inputs[i], (), block) if not inl.shape(node.inputs[i]) else
                           inl.value(node.inputs[i], ("0",) * len(inl.shape(node.inputs[i])), block))
-        elif node.attrs.get(attr) is not None:
-            bounds.append(m.lit(node.attrs[attr]))
+        elif node.attr(attr) is not None:
+            bounds.append(m.lit(node.attr(attr)))
         else:
             bounds.append(None)
     lo, hi = bounds
@@ -308,8 +308,8 @@ def _is_nan(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str
 
 def _is_inf(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     x = inl.input_value(node, 0, idx, block)
-    pos_ok = "1" if node.attrs.get("detect_positive", 1) else "0"
-    neg_ok = "1" if node.attrs.get("detect_negative", 1) else "0"
+    pos_ok = "1" if node.attr("detect_positive", 1) else "0"
+    neg_ok = "1" if node.attr("detect_negative", 1) else "0"
     return f"(uint8_t)(isinf({x}) && (({x} > 0 && {pos_ok}) || ({x} < 0 && {neg_ok})))"
 
 
@@ -321,7 +321,7 @@ def _batchnorm(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> 
     channel = idx[1]
     x = inl.value(node.inputs[0], idx, block)
     scale, bias, mean, var = (inl.k.graph.const_value(t) for t in node.inputs[1:5])
-    eps = node.attrs.get("epsilon", 1e-5)
+    eps = node.attr("epsilon", 1e-5)
     if scale is not None and var is not None:
         with np.errstate(all="ignore"):
             inv = (scale / np.sqrt(var + eps)).astype(x_type.dtype.numpy)

@@ -49,7 +49,7 @@ def _window_coords(inl: Inliner, idx: Index, w: Window, offs: list[str], body: B
 def _maxpool(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     x = node.inputs[0]
     xs = inl.shape(x)
-    w = window(xs[2:], ints(node.attrs["kernel_shape"]), node.attrs.get, bool(node.attrs.get("ceil_mode", 0)))
+    w = window(xs[2:], ints(node.attr("kernel_shape")), node.attrs.get, bool(node.attr("ceil_mode", 0)))
     dtype = inl.k.type(x).dtype
     ct = ctype(dtype)
     best, which = inl.k.fresh("best"), inl.k.fresh("which")
@@ -71,7 +71,7 @@ def _maxpool(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> st
         for d, k in enumerate(ks):
             spatial.append(ix.add(ix.mul(idx[2 + d], w.strides[d]), ix.add(ix.mul(k, w.dilations[d]), -w.pad_begin[d])))
         plane = ix.add(ix.mul(idx[0], xs[1]), idx[1])
-        if node.attrs.get("storage_order", 0):
+        if node.attr("storage_order", 0):
             flat = "0"
             for d in reversed(range(len(spatial))):
                 flat = ix.add(ix.mul(ix.paren(flat), xs[2 + d]), ix.paren(spatial[d]))
@@ -91,7 +91,7 @@ def _maxpool(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> st
 def _avgpool(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     x = node.inputs[0]
     xs = inl.shape(x)
-    w = window(xs[2:], ints(node.attrs["kernel_shape"]), node.attrs.get, bool(node.attrs.get("ceil_mode", 0)))
+    w = window(xs[2:], ints(node.attr("kernel_shape")), node.attrs.get, bool(node.attr("ceil_mode", 0)))
     total, count = inl.k.fresh("sum"), inl.k.fresh("count")
     block.emit(f"double {total} = 0.0;")
     block.emit(f"double {count} = 0.0;")
@@ -103,7 +103,7 @@ def _avgpool(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> st
     load.emit(f"{total} += (double){v};")
     load.emit(f"{count} += 1.0;")
     body.nest(f"if ({inside}) {{", load, footer=None)
-    if node.attrs.get("count_include_pad", 0):
+    if node.attr("count_include_pad", 0):
         padded = " && ".join(f"{c} >= {-b} && {c} < {n + e}"
                              for c, n, b, e in zip(coords, xs[2:], w.pad_begin, w.pad_end))
         pad_block = body.child()
@@ -118,7 +118,7 @@ def _avgpool(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> st
 def _lrn(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     x = node.inputs[0]
     channels = inl.shape(x)[1]
-    size = int(node.attrs["size"])
+    size = int(node.attr("size"))
     before = (size - 1) // 2
     acc, i = inl.k.fresh("sq"), inl.k.fresh("ch")
     block.emit(f"double {acc} = 0.0;")
@@ -131,9 +131,9 @@ def _lrn(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     body.nest(f"if ({c} >= 0 && {c} < {channels}) {{", load)
     block.nest(f"for (int64_t {i} = 0; {i} < {size}; ++{i}) {{", body)
     xv = inl.value(x, idx, block)
-    alpha = repr(float(node.attrs.get("alpha", 1e-4)))
-    beta = repr(float(node.attrs.get("beta", 0.75)))
-    bias = repr(float(node.attrs.get("bias", 1.0)))
+    alpha = repr(float(node.attr("alpha", 1e-4)))
+    beta = repr(float(node.attr("beta", 0.75)))
+    bias = repr(float(node.attr("bias", 1.0)))
     denom = f"pow({bias} + {alpha} / {size} * {acc}, {beta})"
     return f"({ctype(inl.k.type(x).dtype)})((double){xv} / {denom})"
 
@@ -149,7 +149,7 @@ def _cumsum(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str
     ct = inl.k.ctype_of(x)
     acc, s = inl.k.fresh("run"), inl.k.fresh("s")
     block.emit(f"{ct} {acc} = 0;")
-    reverse = bool(node.attrs.get("reverse", 0))
+    reverse = bool(node.attr("reverse", 0))
     body = block.child()
     src = tuple(s if d == axis else e for d, e in enumerate(idx))
     v = inl.value(x, src, body)
@@ -158,7 +158,7 @@ def _cumsum(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str
         block.nest(f"for (int64_t {s} = {n - 1}; {s} >= {idx[axis]}; --{s}) {{", body)
     else:
         block.nest(f"for (int64_t {s} = 0; {s} <= {idx[axis]}; ++{s}) {{", body)
-    if node.attrs.get("exclusive", 0):
+    if node.attr("exclusive", 0):
         return f"{acc} - {inl.value(x, idx, block)}"
     return acc
 
@@ -204,11 +204,11 @@ def _conv_transpose(inl: Inliner, node: Node, pos: int, idx: Index, block: Block
     xs, ws = inl.shape(x), inl.shape(w)
     spatial = xs[2:]
     kernel = ws[2:]
-    groups = int(node.attrs.get("group", 1))
+    groups = int(node.attr("group", 1))
     cg, mg = xs[1] // groups, ws[1]
     _, begin = _deconv_geometry(spatial, kernel, node.attrs.get)
-    strides = ints(node.attrs.get("strides") or [1] * len(spatial))
-    dil = ints(node.attrs.get("dilations") or [1] * len(spatial))
+    strides = ints(node.attr("strides") or [1] * len(spatial))
+    dil = ints(node.attr("dilations") or [1] * len(spatial))
     acc, c = inl.k.fresh("acc"), inl.k.fresh("c")
     block.emit(f"double {acc} = 0.0;")
     grp = ix.div(idx[1], mg)

@@ -127,7 +127,7 @@ def is_identity_reduce(graph: Graph, node: Node) -> bool:
     if not node.op.startswith("Reduce"):
         return False
     rank = graph.types[node.inputs[0]].rank
-    return _axes_of(graph, node, rank) is None and bool(node.attrs.get("noop_with_empty_axes", 0))
+    return _axes_of(graph, node, rank) is None and bool(node.attr("noop_with_empty_axes", 0))
 
 
 def reduction_spec(graph: Graph, node: Node, prefix: str) -> ReductionSpec:
@@ -145,9 +145,10 @@ def reduction_spec(graph: Graph, node: Node, prefix: str) -> ReductionSpec:
     def lit(v: object) -> str:
         return literal(v, dt)
 
+    passes: tuple[Pass, ...]
     if op.startswith("Reduce"):
         axes = _axes_of(graph, node, rank) or tuple(range(rank))
-        layout = "keep" if node.attrs.get("keepdims", 1) else "drop"
+        layout = "keep" if node.attr("keepdims", 1) else "drop"
         n = math.prod(xt.shape[a] for a in axes)
         val = f"{p}val"
         if op in ("ReduceMax", "ReduceMin"):
@@ -197,9 +198,9 @@ def reduction_spec(graph: Graph, node: Node, prefix: str) -> ReductionSpec:
                              lambda a: a.stats[val])
 
     if op in ("ArgMax", "ArgMin"):
-        axis = int(node.attrs.get("axis", 0)) % rank
-        layout = "keep" if node.attrs.get("keepdims", 1) else "drop"
-        cmp = (">" if op == "ArgMax" else "<") + ("=" if node.attrs.get("select_last_index", 0) else "")
+        axis = int(node.attr("axis", 0)) % rank
+        layout = "keep" if node.attr("keepdims", 1) else "drop"
+        cmp = (">" if op == "ArgMax" else "<") + ("=" if node.attr("select_last_index", 0) else "")
         best, at = f"{p}best", f"{p}at"
         init = lowest(dt) if op == "ArgMax" else highest(dt)
         update = f"if ({{x}} {cmp} {best} || {{j}} == 0) {{ {best} = {{x}}; {at} = {{j}}; }}"
@@ -208,7 +209,7 @@ def reduction_spec(graph: Graph, node: Node, prefix: str) -> ReductionSpec:
                              lambda a: a.stats[at])
 
     if op in ("Softmax", "LogSoftmax", "Hardmax"):
-        axis = int(node.attrs.get("axis", -1)) % rank
+        axis = int(node.attr("axis", -1)) % rank
         if not fl:
             raise CodegenError(f"node {node.name!r} ({op}): element type {dt} is not supported")
         m, s = f"{p}max", f"{p}sum"
@@ -231,12 +232,12 @@ def reduction_spec(graph: Graph, node: Node, prefix: str) -> ReductionSpec:
 
     if op in ("LayerNormalization", "InstanceNormalization"):
         if op == "LayerNormalization":
-            axis = int(node.attrs.get("axis", -1)) % rank
+            axis = int(node.attr("axis", -1)) % rank
             axes = tuple(range(axis, rank))
         else:
             axes = tuple(range(2, rank))
         n = math.prod(xt.shape[a] for a in axes)
-        eps = literal(node.attrs.get("epsilon", 1e-5), DType.FLOAT32)
+        eps = literal(node.attr("epsilon", 1e-5), DType.FLOAT32)
         s1, s2, mean = f"{p}s1", f"{p}s2", f"{p}mean"
         passes = (
             Pass((Acc(s1, "double", "0.0", f"{s1} += (double){{x}};", "+"),),

@@ -156,12 +156,12 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     steps = []
     for group in plan.groups:
         lines: list[str] = []
-        k = by_group.get(group.name)
-        if k is not None:
+        kernel = by_group.get(group.name)
+        if kernel is not None:
             args = []
-            for prm in k.params:
+            for prm in kernel.params:
                 if prm.role == "derived":
-                    args.append(f"(const {prm.ctype}*)ctx->consts[{derived_index[(k.name, prm.ident)]}]")
+                    args.append(f"(const {prm.ctype}*)ctx->consts[{derived_index[(kernel.name, prm.ident)]}]")
                 else:
                     args.append(names(prm.tensor))
             scratch = buffers.scratch.get(group.name)

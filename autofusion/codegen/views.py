@@ -59,7 +59,7 @@ def strided_view(graph: Graph, members: frozenset[str], tensor: str,
             return None
         return StridedView(src.ptr, shape, ix.strides(shape), src.offset)
     if node.op == "Transpose":
-        perm = node.attrs.get("perm")
+        perm = node.attr("perm")
         perm = tuple(range(len(shape)))[::-1] if perm is None else tuple(int(p) for p in perm)
         return StridedView(src.ptr, shape, tuple(src.strides[p] for p in perm), src.offset)
     if node.op == "Expand":
@@ -74,13 +74,13 @@ def strided_view(graph: Graph, members: frozenset[str], tensor: str,
     if args[0] is None or args[1] is None:
         return None
     slices = _slices(src.shape, args[0], args[1], args[2], args[3])
-    offset, strides = src.offset, []
+    offset, steps = src.offset, []
     for n, st, sl in zip(src.shape, src.strides, slices):
         r = range(n)[sl]
         if len(r):
             offset += r.start * st
-        strides.append(st * r.step)
-    return StridedView(src.ptr, shape, tuple(strides), offset)
+        steps.append(st * r.step)
+    return StridedView(src.ptr, shape, tuple(steps), offset)
 
 
 def blas_layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[bool, int] | None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +19,7 @@ from autofusion.codegen.kernel import KernelSource
 from autofusion.codegen.superkernel import render_unfused
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide import unfused_plan
-from autofusion.decide.plan import Plan
+from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.ir.graph import Graph
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
@@ -30,6 +32,14 @@ from autofusion.runtime.loader import (
     pointer_array,
 )
 from autofusion.runtime.toolchain import Toolchain
+
+
+@dataclass
+class _Step:
+    group: FusedGroup
+    kernel: KernelSource | None = None
+    fn: Any = None  # the ctypes function of the kernel
+    derived: list[np.ndarray] = field(default_factory=list)
 
 
 class UnfusedRunner:
@@ -46,16 +56,16 @@ class UnfusedRunner:
         self.library_path = compile_library(self.source, toolchain, self.cache)
         lib = load_library(self.library_path)
         kernels = {k.group.name: k for k in self.source.kernels}
-        self._steps: list[tuple[str, object]] = []
+        self._steps: list[_Step] = []
         for group in self.plan.groups:
             k = kernels.get(group.name)
             if k is None:
-                self._steps.append(("view", group))
+                self._steps.append(_Step(group))
                 continue
             fn = getattr(lib, f"af_call_{self.source.function[group.name]}")
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-            self._steps.append(("kernel", (k, fn, [np.ascontiguousarray(a) for _, a in k.derived])))
+            self._steps.append(_Step(group, k, fn, [np.ascontiguousarray(a) for _, a in k.derived]))
         self._lib = lib
         self._consts = {t: np.ascontiguousarray(c.array) for t, c in graph.constants.items()}
 
@@ -65,16 +75,15 @@ class UnfusedRunner:
         nt = default_threads(threads) if threads is not None else self.threads
         env: dict[str, np.ndarray] = dict(self._consts)
         env.update(checked_feeds(g, feeds))
-        for kind, step in self._steps:
-            if kind == "view":
-                for name in step.nodes:  # type: ignore[attr-defined]
+        for step in self._steps:
+            if step.kernel is None:  # views: numpy reshapes, no copy
+                for name in step.group.nodes:
                     node = g.node_by_name[name]
                     for out in node.outputs:
                         if out:
                             env[out] = env[node.inputs[0]].reshape(g.types[out].shape)
                 continue
-            k, fn, derived = step  # type: ignore[misc]
-            self._call(k, fn, derived, env, nt)
+            self._call(step.kernel, step.fn, step.derived, env, nt)
         return {o: np.array(env[o]) if not env[o].flags.owndata else env[o] for o in g.outputs}
 
     def _call(self, k: KernelSource, fn: object, derived: list[np.ndarray], env: dict[str, np.ndarray],
