@@ -40,6 +40,7 @@ def test_conv_batchnorm_relu_residual() -> None:
     code = check(g, {"x": f32(2, 8, 10, 10), "skip": f32(2, 16, 5, 5)})
     assert "im2col" in code and "scipy_cblas_sgemm" in code
     assert "for (int64_t o = 0;" not in code  # the whole epilogue runs on the tiles
+    assert "folded_weights" in code and "folded_bias" in code  # BatchNormalization folded at build time
 
 
 @pytest.mark.parametrize("attrs,x_shape,w_shape", [
@@ -57,6 +58,17 @@ def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[i
     g = b.build([b.op("Clip", y, b.const(np.float32(-2.0)), b.const(np.float32(2.0)))])
     code = check(g, {"x": f32(*x_shape)})
     assert ("/* im2col: row" in code) == (attrs != {})
+
+
+def test_batchnorm_is_not_folded_when_the_conv_output_is_needed() -> None:
+    b = GraphBuilder("keep")
+    x = b.input("x", (1, 3, 6, 6))
+    c = b.op("Conv", x, b.const(f32(4, 3, 3, 3)), pads=(1, 1, 1, 1))
+    bn = b.op("BatchNormalization", c, b.const(f32(4)), b.const(f32(4)), b.const(f32(4)),
+              b.const(np.abs(f32(4)) + 0.5))
+    g = b.build([bn, c])
+    code = check(g, {"x": f32(1, 3, 6, 6)})
+    assert "folded" not in code
 
 
 def test_conv_with_an_output_across_tiles() -> None:

@@ -10,7 +10,9 @@ code with unit leading spatial axes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+
+import numpy as np
 
 from autofusion.codegen import index as ix
 from autofusion.codegen.index import Index
@@ -27,6 +29,10 @@ from autofusion.ops.spatial import window
 TILE_M = 64
 TILE_P = 256
 PARALLEL_MIN_FLOPS = 1 << 19
+
+
+# the bias of output channel ``ch``: a C expression (from a tensor, or folded at build time)
+Bias = Callable[[str, Inliner, Block], str]
 
 
 def _pad3(values: tuple[int, ...] | list[int], fill: int) -> list[int]:
@@ -46,6 +52,7 @@ class _Conv:
         self.members = frozenset(n.name for n in nodes) - done
         self.non_core = self.members - {core.name}
         self.handlers = op_handlers()
+        self.y = core.outputs[0]  # the value the tiles compute (a folded BatchNormalization's output)
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         k.uses_blas = True
@@ -82,7 +89,7 @@ class _Conv:
         x_t, w_t = core.inputs[0], core.inputs[1]
         bias_t = core.inputs[2] if len(core.inputs) > 2 else ""
         y = core.outputs[0]
-        xs, ws, ys = g.types[x_t].shape, g.types[w_t].shape, g.types[y].shape
+        xs, ws = g.types[x_t].shape, g.types[w_t].shape
         spatial = len(xs) - 2
         if spatial < 1 or spatial > 3:
             raise k.error(f"Conv with {spatial} spatial axes is not supported", core)
@@ -102,6 +109,16 @@ class _Conv:
                       tuple(win.pad_end) == (0,) * spatial)
         x_ptr = self._buffer(x_t)
         w_ptr = self._buffer(w_t)
+        bias: Bias | None = None
+        if bias_t:
+            bias = lambda ch, inl, block: inl.value(bias_t, (ch,), block)  # noqa: E731
+        bn = None if only_into else self._foldable_batchnorm(y, bias_t)
+        if bn is not None:  # BatchNormalization folded into the weights and bias at build time
+            w_ptr, bias = self._fold(bn, w_t, bias_t)
+            self.non_core = self.non_core - {bn.name}
+            y = bn.outputs[0]
+        self.y = y
+        ys = g.types[y].shape
         col_ptr = f"((float*)(scratch + {k.scratch(kc * p * 4)}))" if im2col else ""
 
         outputs = [] if only_into else list(k.group.outputs)
@@ -117,13 +134,13 @@ class _Conv:
         ybuf = ""
         if only_into:
             ybuf = only_into
-            if bias_t:
+            if bias is not None:
                 aligned.append((y, ybuf))
         elif y in outputs:
             ybuf = k.pointer(y)
         elif late:
             ybuf = f"((float*)(scratch + {k.scratch(g.types[y].nbytes)}))"
-            if bias_t:
+            if bias is not None:
                 aligned.insert(0, (y, ybuf))
         if early:
             self.prologue.append(self._nest().render(early))
@@ -137,11 +154,11 @@ class _Conv:
             c_ptr, ldc = "tile", pb
 
         inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, ow, bias_t, inl)
+        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl)
         body = Block()
         idx = self._y_index()
         for t, dest in aligned:
-            if t == y and not bias_t and dest == ybuf:
+            if t == y and bias is None and dest == ybuf:
                 continue
             v = inl.value(t, idx, body)
             body.emit(f"{dest}[{ix.linear(idx, ys)}] = {v};")
@@ -165,31 +182,59 @@ class _Conv:
             pd=pd, ph=ph, pw=pw, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
             w_ptr=w_ptr, body=body.lines, row_lines=row_lines, col_lines=col_lines)
 
+    def _foldable_batchnorm(self, y: str, bias_t: str) -> Node | None:
+        """The BatchNormalization that alone consumes the convolution, with every parameter constant."""
+        g = self.g
+        users = g.consumers.get(y, ())
+        if len(users) != 1 or users[0].op != "BatchNormalization" or users[0].name not in self.members:
+            return None
+        bn = users[0]
+        params = [g.const_value(t) for t in bn.inputs[1:5]]
+        if (y in self.k.group.outputs or bn.inputs[0] != y or any(p is None for p in params)
+                or not g.is_const(self.core.inputs[1]) or (bias_t and not g.is_const(bias_t))
+                or len([o for o in bn.outputs if o]) != 1):
+            return None
+        return bn
+
+    def _fold(self, bn: Node, w_t: str, bias_t: str) -> tuple[str, Bias]:
+        """Weights W * inv and bias (b - mean) * inv + beta, inv = scale / sqrt(var + eps), as constants."""
+        g = self.g
+        scale, beta, mean, var = (np.asarray(g.const_value(t), np.float32) for t in bn.inputs[1:5])
+        with np.errstate(all="ignore"):
+            inv = (scale / np.sqrt(var + np.float32(bn.attr("epsilon", 1e-5)))).astype(np.float32)
+        w = np.asarray(g.const_value(w_t), np.float32)
+        b = np.asarray(g.const_value(bias_t), np.float32) if bias_t else np.zeros(w.shape[0], np.float32)
+        w_fold = (w * inv.reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
+        b_fold = ((b - mean) * inv + beta).astype(np.float32)
+        w_ptr = self.k.derived_constant(f"{bn.name}_folded_weights", w_fold)
+        b_ptr = self.k.derived_constant(f"{bn.name}_folded_bias", b_fold)
+        return w_ptr, lambda ch, inl, block: f"{b_ptr}[{ch}]"
+
     def _y_index(self) -> Index:
-        ys = self.g.types[self.core.outputs[0]].shape
+        ys = self.g.types[self.y].shape
         return tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(ys))
 
-    def _tile_override(self, ldc: int, ow: int, bias_t: str, inl: Inliner) -> Override:
+    def _tile_override(self, ldc: int, ow: int, bias: Bias | None, inl: Inliner) -> Override:
         expected = self._y_index()
 
         def override(idx: Index, block: Block) -> str:
             if tuple(idx) != expected:
                 raise Misaligned(self.core.name)
             expr = f"c[mi * {ldc} + q * {ow} + ow]"
-            if bias_t:
-                expr += f" + {inl.value(bias_t, (idx[1],), block)}"
+            if bias is not None:
+                expr += f" + {bias(idx[1], inl, block)}"
             return expr
 
         return override
 
     def _aligned(self, tensor: str, ldc: int) -> bool:
-        y = self.core.outputs[0]
+        y = self.y
         if self.g.types[tensor].shape != self.g.types[y].shape:
             return False
         if self._nest().reductions_behind(tensor):
             return False
         inl = Inliner(self.k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, 1, "", inl)
+        inl.overrides[y] = self._tile_override(ldc, 1, None, inl)
         try:
             inl.value(tensor, self._y_index(), Block())
         except Misaligned:

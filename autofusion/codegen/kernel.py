@@ -96,7 +96,7 @@ class KernelContext:
         for lab, ident, _ in self.derived:
             if lab == label:
                 return ident
-        ident = self.names(f"d_{self.group.name}_{label}")
+        ident = self.names(f"d_{label}")
         self.derived.append((label, ident, np.ascontiguousarray(array)))
         return ident
 
