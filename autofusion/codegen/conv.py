@@ -18,7 +18,7 @@ from autofusion.codegen import index as ix
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel import KernelContext
-from autofusion.codegen.loopnest import LoopNest, op_handlers
+from autofusion.codegen.loopnest import LoopNest, chunk, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import strided_view
 from autofusion.ir.graph import Node
@@ -179,7 +179,7 @@ class _Conv:
             tile_floats=0 if ybuf else mb * pb, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
             cg=cg, in_size=ind * inh * inw, im2col=im2col, col_ptr=col_ptr, kc=kc, taps=taps, kd=kd, kh=kh,
             kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
-            pd=pd, ph=ph, pw=pw, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
+            pd=pd, ph=ph, pw=pw, im2col_chunk=chunk(kc), tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
             w_ptr=w_ptr, body=body.lines, row_lines=row_lines, col_lines=col_lines)
 
     def _foldable_batchnorm(self, y: str, bias_t: str) -> Node | None:

@@ -37,6 +37,12 @@ from autofusion.codegen.reductions import (
 from autofusion.ir.graph import Node
 
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a loop nest runs on one thread (fork/join costs more)
+CHUNKS_PER_LOOP = 32  # dynamic scheduling in this many chunks: a descheduled thread holds up little
+
+
+def chunk(iterations: int) -> int:
+    """Iterations per dynamically scheduled chunk of a parallel loop."""
+    return max(1, iterations // CHUNKS_PER_LOOP)
 _NO_STAGE = 1 << 30
 
 
@@ -337,6 +343,7 @@ class LoopNest:
             rows=spec.rows,
             length=spec.length,
             parallel=spec.rows > 1 and spec.rows * spec.length >= PARALLEL_MIN_ELEMENTS // 4,
+            chunk=chunk(spec.rows),
             xrow=stage.xrow,
             xct=xct,
             prefix=stage.prefix,
@@ -377,6 +384,7 @@ class LoopNest:
             outer_lines=[f"const int64_t i{d} = {e};" for d, e in zip(outer_dims, outer_exprs)],
             inner_var=f"i{inner[0]}" if inner[0] is not None else None,
             inner=shape[inner[0]] if inner[0] is not None else 1,
+            chunk=chunk(math.prod(outer_sizes) if outer_dims else shape[inner[0]] if inner[0] is not None else 1),
             body=body.lines,
         )
 

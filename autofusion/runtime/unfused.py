@@ -48,7 +48,7 @@ class UnfusedRunner:
     def __init__(self, graph: Graph, threads: int | None = None, cache: CompileCache | str | Path | None = None,
                  toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
                  plan: Plan | None = None) -> None:
-        self.graph = graph
+        self.graph = plan.graph if plan is not None else graph  # a plan may hold a rewritten graph
         self.plan = plan or unfused_plan(graph)
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
@@ -67,7 +67,7 @@ class UnfusedRunner:
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             self._steps.append(_Step(group, k, fn, [np.ascontiguousarray(a) for _, a in k.derived]))
         self._lib = lib
-        self._consts = {t: np.ascontiguousarray(c.array) for t, c in graph.constants.items()}
+        self._consts = {t: np.ascontiguousarray(c.array) for t, c in self.graph.constants.items()}
 
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run op by op; returns the graph outputs by name."""

@@ -16,7 +16,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                     const float* restrict xg = t_x + (n * 64 + gi * 64) * 3136;
                     /* im2col: row (c, kd, kh, kw) holds the input under that kernel tap for every output position */
                     float* restrict col = ((float*)(scratch + 0));
-                    #pragma omp for schedule(static)
+                    #pragma omp for schedule(dynamic, 18)
                     for (int64_t row = 0; row < 576; ++row) {
                         const int64_t c = row / 9;
                         const int64_t kd = row / 9 % 1;
@@ -48,7 +48,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                             }
                         }
                     }
-                    #pragma omp for schedule(static)
+                    #pragma omp for schedule(dynamic, 1)
                     for (int64_t t = 0; t < 14; ++t) {
                         const int64_t m0 = t / 14 * 64;
                         const int64_t p0 = t % 14 * 224;

@@ -9,7 +9,7 @@ AF_INTERNAL void k0_add_layernormalization(const float* restrict t_x, const floa
     #pragma omp parallel num_threads(nt)
     {
         float* restrict s0_xrow = (float*)af_alloc(768 * sizeof(float));
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 4)
         for (int64_t row = 0; row < 128; ++row) {
             const int64_t i1 = row;
             double s0_s1 = 0.0;

@@ -6,7 +6,7 @@ AF_INTERNAL void k0_maxpool(const float* restrict t_x, float* restrict t_maxpool
     (void)scratch;
     (void)nt;
     /* maxpool_1_out: [1, 64, 56, 56] */
-    #pragma omp parallel for num_threads(nt) schedule(static)
+    #pragma omp parallel for num_threads(nt) schedule(dynamic, 112)
     for (int64_t o = 0; o < 3584; ++o) {
         const int64_t i1 = o / 56;
         const int64_t i2 = o % 56;

@@ -9,7 +9,7 @@ AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float*
     #pragma omp parallel num_threads(nt)
     {
         float* restrict s0_xrow = (float*)af_alloc(128 * sizeof(float));
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 48)
         for (int64_t row = 0; row < 1536; ++row) {
             const int64_t i1 = row / 128;
             const int64_t i2 = row % 128;
