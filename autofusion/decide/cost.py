@@ -121,7 +121,7 @@ def evaluations(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str,
     materialised = set(outputs)
     demand: dict[str, float] = {n: 0.0 for n in nodes}
     by_name = graph.node_by_name
-    for name in reversed([n.name for n in graph.nodes if n.name in members]):
+    for name in sorted(members, key=graph.node_index.__getitem__, reverse=True):
         node = by_name[name]
         flops, numel, _, op_class, op = work[name]
         if any(o in materialised for o in node.outputs):

@@ -13,7 +13,8 @@ from autofusion.ops.registry import OpClass, OpRegistry, default_registry
 def group_io(graph: Graph, nodes: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(inputs read from memory, outputs written) of a set of nodes, in a deterministic order."""
     members = set(nodes)
-    ordered = [n for n in graph.nodes if n.name in members]
+    index = graph.node_index
+    ordered = [graph.node_by_name[n] for n in sorted(members, key=index.__getitem__)]
     produced = {o for n in ordered for o in n.outputs if o}
     inputs: dict[str, None] = {}
     for n in ordered:

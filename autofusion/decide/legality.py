@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
-from autofusion.decide.space import FusionSpace
+from autofusion.decide.space import FusionSpace, Permission
 from autofusion.ops.registry import OpClass, OpRegistry, default_registry
 
 GEMM_OPS = frozenset({"MatMul", "Gemm"})
@@ -35,8 +35,10 @@ class GroupChecker:
         self.size_cap = size_cap
         self._defs = {n.name: self.registry[n.op] for n in self.graph.nodes}
         self._cache: dict[frozenset[str], Verdict] = {}
-        loop_sets = {c.nodes: c for c in space.loops}
-        self._loops = loop_sets
+        self._loops = {c.nodes: c for c in space.loops}
+        self._perms_of: dict[str, list[tuple[str, tuple[Permission, ...]]]] = {}
+        for (a, b), perms in list(space.edges.items()) + list(space.siblings.items()):
+            self._perms_of.setdefault(a, []).append((b, perms))
 
     def is_view(self, node: str) -> bool:
         return self._defs[node].view
@@ -127,10 +129,11 @@ class GroupChecker:
             if loop.nodes == members:
                 return (loop.rule,)
         refs: dict[RuleRef, None] = {}
-        for (a, b), perms in list(self.space.edges.items()) + list(self.space.siblings.items()):
-            if a in members and b in members:
-                for p in perms:
-                    refs[p.rule] = None
+        for a in members:
+            for b, perms in self._perms_of.get(a, ()):
+                if b in members:
+                    for p in perms:
+                        refs[p.rule] = None
         return tuple(sorted(refs, key=lambda r: (r.file, r.line, r.name)))
 
 

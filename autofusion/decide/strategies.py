@@ -66,6 +66,10 @@ class Greedy:
         p = partition.copy()
         heap: list[tuple[float, int, str, str]] = []
         counter = itertools.count()
+        touching: dict[str, list[tuple[str, str]]] = {}
+        for pair in region.pairs:
+            touching.setdefault(pair[0], []).append(pair)
+            touching.setdefault(pair[1], []).append(pair)
         for a, b in region.pairs:
             d = _merge_delta(region, p, a, b)
             if d is not None and d < -EPS:
@@ -81,9 +85,8 @@ class Greedy:
             if not p.can_merge(a, b):
                 continue
             rep = p.merge(a, b)
-            members = p.members(rep)
-            for x, y in region.pairs:  # re-offer merges that touch the grown group
-                if x in members or y in members:
+            for m in p.members(rep):  # re-offer merges that touch the grown group
+                for x, y in touching.get(m, ()):
                     dd = _merge_delta(region, p, x, y)
                     if dd is not None and dd < -EPS:
                         heapq.heappush(heap, (dd, next(counter), x, y))

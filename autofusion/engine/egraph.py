@@ -3,6 +3,7 @@ e-graph. Only the text language is used, which egglog 13 and 14 share."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,7 +43,15 @@ class Serialized:
 
     def rows(self, function: str) -> list[list[str]]:
         """Rows of a relation or function: the node ids of each row's arguments."""
-        return [n["children"] for n in self.nodes.values() if n["op"] == function]
+        return [self.nodes[nid]["children"] for nid in self.by_op.get(function, ())]
+
+    @functools.cached_property
+    def by_op(self) -> dict[str, list[str]]:
+        """Node ids by their op (constructor, function or relation name)."""
+        out: dict[str, list[str]] = {}
+        for nid, node in self.nodes.items():
+            out.setdefault(node["op"], []).append(nid)
+        return out
 
     def primitive(self, node_id: str) -> Any:
         """The Python value of a primitive node (string, i64 or f64)."""

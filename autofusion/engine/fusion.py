@@ -182,13 +182,13 @@ class FusionMatcher:
 
     def _internal_edges(self, m: Match) -> list[tuple[str, str]]:
         """Producer -> consumer node pairs inside one match (op terms nested in op terms)."""
-        value_of = {id(term): eclass for term, eclass, _, _ in m.ops}
+        value_of = {term: eclass for term, eclass, _, _ in m.ops}
         out = []
         for term, eclass, _, _ in m.ops:
             consumer = self._node_of(eclass)
             for arg in term.args:
-                if isinstance(arg, OpTerm) and id(arg) in value_of:
-                    producer = self._node_of(value_of[id(arg)])
+                if isinstance(arg, OpTerm) and arg in value_of:
+                    producer = self._node_of(value_of[arg])
                     if producer and consumer and producer != consumer:
                         out.append((producer, consumer))
         return out

@@ -34,6 +34,7 @@ class OpSlot:
     value: str  # egglog variable holding the op's (output) value
     attrs: str  # egglog variable holding its attribute text
     opname: str | None  # egglog variable holding the op name when the term names a class
+    rest: str = ""  # egglog variable for the further inputs of an open term
 
 
 @dataclass
@@ -49,7 +50,15 @@ class CompiledPattern:
     literals: list[tuple[Literal, str]]
 
 
+# binary ops whose two inputs may be swapped: patterns match either order
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"})
+MAX_SWAPPABLE = 3  # a pattern with more commutative ops matches as written (2**k rules would be slow)
+
+
 class PatternCompiler:
+    """Compiles a pattern term into egglog rules (one per argument order of its commutative ops)
+    that all record into one relation with the same columns."""
+
     def __init__(self, rules: RuleSet, registry: OpRegistry) -> None:
         self.rules = rules
         self.registry = registry
@@ -60,11 +69,11 @@ class PatternCompiler:
         return f"{prefix}{self._n}"
 
     def compile(self, term: Term, relation: str, ruleset: str, rule_name: str) -> CompiledPattern:
-        facts: list[str] = []
         ops: list[OpSlot] = []
         vars_: dict[str, str] = {}
         literals: list[tuple[Literal, str]] = []
-        root = self._term(term, facts, ops, vars_, literals)
+        names: dict[Term, str] = {}  # structurally equal sub-terms are one e-class: named once
+        root = self._name(term, names, ops, vars_, literals)
         columns = [(root, "Expr")]
         seen = {root}
         for slot in ops:
@@ -72,57 +81,78 @@ class PatternCompiler:
                 if v is not None and v not in seen:
                     columns.append((v, sort))
                     seen.add(v)
-        for v in vars_.values():
+        for v in [*vars_.values(), *(v for _, v in literals)]:
             if v not in seen:
                 columns.append((v, "Expr"))
                 seen.add(v)
-        for _, v in literals:
-            if v not in seen:
-                columns.append((v, "Expr"))
-                seen.add(v)
-        sorts = " ".join(s for _, s in columns)
+        swappable = [s.term for s in ops if s.term.op in COMMUTATIVE and len(s.term.args) == 2]
+        slots = {s.term: s for s in ops}
         head = f"({relation} {' '.join(v for v, _ in columns)})"
-        program = (f"(relation {relation} ({sorts}))\n"
-                   f"(rule ({' '.join(facts)}) ({head}) :ruleset {ruleset} :name {quote(rule_name)})")
-        return CompiledPattern(relation, program, root, columns, ops, vars_, literals)
+        lines = [f"(relation {relation} ({' '.join(sort for _, sort in columns)}))"]
+        variants = 2 ** len(swappable) if len(swappable) <= MAX_SWAPPABLE else 1
+        for mask in range(variants):
+            swaps = {t for i, t in enumerate(swappable) if mask >> i & 1}
+            facts: list[str] = []
+            self._emit(term, names, slots, vars_, swaps, facts, set())
+            lines.append(f"(rule ({' '.join(facts)}) ({head}) :ruleset {ruleset} :name {quote(f'{rule_name}/{mask}')})")
+        return CompiledPattern(relation, "\n".join(lines), root, columns, ops, vars_, literals)
 
-    def _term(self, term: Term, facts: list[str], ops: list[OpSlot], vars_: dict[str, str],
+    def _name(self, term: Term, names: dict[Term, str], ops: list[OpSlot], vars_: dict[str, str],
               literals: list[tuple[Literal, str]]) -> str:
+        """Give every distinct sub-term its egglog variable once, whatever the argument order."""
+        if not isinstance(term, Var) and term in names:
+            return names[term]
         if isinstance(term, Var):
             v = vars_.get(term.name)
             if v is None:
-                v = self._var("v")
-                vars_[term.name] = v
+                v = vars_[term.name] = self._var("v")
             return v
         if isinstance(term, Literal):
             v = self._var("l")
             literals.append((term, v))
+            names[term] = v
             return v
         if isinstance(term, PatternRef):
             raise Untranslatable(f"pattern {term.name!r} was not expanded")
-        value = self._var("e")
-        attrs = self._var("s")
         if term.op in self.rules.classes:
             opname: str | None = self._var("o")
-            op_text = opname
-            facts.append(f"(in-class {opname} {quote(term.op)})")
-            proj = term.output > 0
         elif term.op in self.registry:
-            opname, op_text = None, quote(term.op)
-            proj = term.output > 0 or multi_output(self.registry, term.op)
+            opname = None
         else:
             raise Untranslatable(f"unknown op or class {term.op!r}")
-        args = self._var("r") if term.open else "(Nil)"  # an open term ignores further inputs
-        children = [self._term(a, facts, ops, vars_, literals) for a in term.args]
+        value = self._var("e")
+        names[term] = value
+        slot = OpSlot(term, value, self._var("s"), opname, self._var("r"))
+        for a in term.args:
+            self._name(a, names, ops, vars_, literals)
+        ops.append(slot)
+        return value
+
+    def _emit(self, term: Term, names: dict[Term, str], slots: dict[Term, OpSlot], vars_: dict[str, str],
+              swaps: set[Term], facts: list[str], done: set[Term]) -> str:
+        if isinstance(term, Var):
+            return vars_[term.name]
+        if isinstance(term, Literal):
+            return names[term]
+        assert isinstance(term, OpTerm)
+        slot = slots[term]
+        if term in done:
+            return slot.value
+        done.add(term)
+        children = [self._emit(a, names, slots, vars_, swaps, facts, done) for a in term.args]
+        if term in swaps:
+            children.reverse()
+        args = slot.rest if term.open else "(Nil)"
         for child in reversed(children):
             args = f"(Cons {child} {args})"
-        op_expr = f"(Op {op_text} {attrs} {args})"
-        if proj:
-            facts.append(f"(= {value} (Proj {op_expr} {term.output}))")
+        if slot.opname is not None:
+            facts.append(f"(in-class {slot.opname} {quote(term.op)})")
+            op_text, proj = slot.opname, term.output > 0
         else:
-            facts.append(f"(= {value} {op_expr})")
-        ops.append(OpSlot(term, value, attrs, opname))
-        return value
+            op_text, proj = quote(term.op), term.output > 0 or multi_output(self.registry, term.op)
+        op_expr = f"(Op {op_text} {slot.attrs} {args})"
+        facts.append(f"(= {slot.value} (Proj {op_expr} {term.output}))" if proj else f"(= {slot.value} {op_expr})")
+        return slot.value
 
 
 @dataclass

@@ -137,8 +137,9 @@ class Saturator:
                     if key in self._applied:
                         continue
                     self._applied.add(key)
-                    if isinstance(rhs, Var) and m.vars.get(rhs.name) == m.root:
-                        continue  # already equal: nothing to apply
+                    if isinstance(rhs, Var) and (m.vars.get(rhs.name) == m.root or facts.types.get(
+                            m.vars.get(rhs.name, "")) != facts.types.get(m.root)):
+                        continue  # already equal, or not the same type (e.g. x + 0 that broadcasts x)
                     made = self._instantiate(rw, rhs, m, facts)
                     if made is None:
                         continue
@@ -296,46 +297,51 @@ def saturate_rewrites(graph: Graph, rules: RuleSet, registry: OpRegistry, limits
 class Extractor:
     """Chooses one e-node per e-class and rebuilds an IR graph from the choices."""
 
+    EXPR_OPS = ("Op", "Proj", "In", "Cst", "Num", "Vec")
+
     def __init__(self, sat: Saturator, snapshot: Serialized) -> None:
         self.sat = sat
         self.s = snapshot
         self.facts = sat.facts(snapshot)
-        self.const_classes = self._const_classes()
         self.best: dict[str, tuple[float, str]] = {}
         self.projections: dict[str, dict[int, str]] = {}  # op e-class -> output index -> e-class
-        for node in snapshot.nodes.values():
-            if node["op"] == "Proj":
-                op_cls = snapshot.eclass(node["children"][0])
-                k = int(snapshot.primitive(node["children"][1]))
-                self.projections.setdefault(op_cls, {})[k] = str(node["eclass"])
+        for nid in snapshot.by_op.get("Proj", ()):
+            kids = snapshot.children(nid)
+            op_cls = snapshot.eclass(kids[0])
+            self.projections.setdefault(op_cls, {})[int(snapshot.primitive(kids[1]))] = snapshot.eclass(nid)
+        # an Args e-class holds one Cons (or Nil) besides many ArgsFrom aliases: index it once
+        self._cons = {snapshot.eclass(n): n for n in snapshot.by_op.get("Cons", ())}
+        self._args: dict[str, list[str]] = {}
+        self.const_classes = self._const_classes()
+
+    def _arg_classes(self, nid: str) -> list[str]:
+        out = self._args.get(nid)
+        if out is None:
+            out = []
+            args = self.s.eclass(self.s.children(nid)[2])
+            while args in self._cons and len(out) < 4096:
+                head, tail = self.s.children(self._cons[args])
+                out.append(self.s.eclass(head))
+                args = self.s.eclass(tail)
+            self._args[nid] = out
+        return out
 
     def _const_classes(self) -> set[str]:
         consts = set(self.facts.consts)
-        changed = True
-        while changed:  # an Op whose inputs are all constant is constant (folded before it runs)
-            changed = False
-            for cls, nodes in self.s.classes.items():
-                if cls in consts:
-                    continue
-                for nid in nodes:
-                    if self.s.op(nid) == "Op" and all(c in consts for c in self._arg_classes(nid)):
-                        consts.add(cls)
-                        changed = True
-                        break
+        users: dict[str, list[str]] = {}
+        ops = self.s.by_op.get("Op", ())
+        for nid in ops:
+            for c in self._arg_classes(nid):
+                users.setdefault(c, []).append(nid)
+        work = list(consts)
+        while work:  # an Op whose inputs are all constant is constant (folded before it runs)
+            cls = work.pop()
+            for nid in users.get(cls, ()):
+                owner = self.s.eclass(nid)
+                if owner not in consts and all(c in consts for c in self._arg_classes(nid)):
+                    consts.add(owner)
+                    work.append(owner)
         return consts
-
-    def _arg_classes(self, nid: str) -> list[str]:
-        out = []
-        args = self.s.children(nid)[2]
-        seen = 0
-        while True:
-            nodes = self.s.classes.get(self.s.eclass(args), [])
-            cons = next((n for n in nodes if self.s.op(n) == "Cons"), None)
-            if cons is None or seen > 64:
-                return out
-            head, args = self.s.children(cons)
-            out.append(self.s.eclass(head))
-            seen += 1
 
     def _node_cost(self, nid: str, cls: str) -> float | None:
         op = self.s.op(nid)
@@ -345,8 +351,6 @@ class Extractor:
             return 1e-6  # prefer the original named constant when both exist
         if op == "Proj":
             return self._class_cost(self.s.eclass(self.s.children(nid)[0]))
-        if op != "Op":
-            return None
         own = 0.0 if cls in self.const_classes else (0.05 if self._is_view(nid) else 1.0)
         total = own
         for c in self._arg_classes(nid):
@@ -365,22 +369,35 @@ class Extractor:
         return None if b is None else b[0]
 
     def _solve(self) -> None:
-        exprs = {cls: [n for n in nodes if self.s.op(n) in ("Op", "Proj", "In", "Cst", "Num", "Vec")]
-                 for cls, nodes in self.s.classes.items()}
-        exprs = {k: v for k, v in exprs.items() if v}
-        for _ in range(len(exprs) + 1):  # Bellman-Ford style: costs only fall, cycles never resolve
-            changed = False
-            for cls, nodes in exprs.items():
-                for nid in nodes:
-                    c = self._node_cost(nid, cls)
-                    if c is None:
-                        continue
-                    old = self.best.get(cls)
-                    if old is None or c < old[0] - 1e-9:
-                        self.best[cls] = (c, nid)
-                        changed = True
-            if not changed:
-                break
+        """Cheapest e-node per e-class by a worklist: a class is revisited only when a child
+        got cheaper, so long chains cost one pass and cycles never resolve to themselves."""
+        s = self.s
+        parents: dict[str, list[str]] = {}
+        work: list[str] = []
+        for op in self.EXPR_OPS:
+            for nid in s.by_op.get(op, ()):
+                if op == "Op":
+                    children = self._arg_classes(nid)
+                elif op == "Proj":
+                    children = [s.eclass(s.children(nid)[0])]
+                else:
+                    children = []
+                for c in children:
+                    parents.setdefault(c, []).append(nid)
+                if not children:
+                    work.append(nid)
+        budget = 50 * max(1, len(s.nodes))
+        while work and budget > 0:
+            budget -= 1
+            nid = work.pop()
+            cls = s.eclass(nid)
+            c = self._node_cost(nid, cls)
+            if c is None:
+                continue
+            old = self.best.get(cls)
+            if old is None or c < old[0] - 1e-9:
+                self.best[cls] = (c, nid)
+                work.extend(parents.get(cls, ()))
 
     def graph(self) -> tuple[Graph, dict[str, tuple[str, ...]]]:
         self._solve()
@@ -398,9 +415,38 @@ class Extractor:
                 if r is not None and r.rule:
                     rules_of_class.setdefault(cls, []).append(r.rule)
         builder = _Rebuild(self, names, rules_of_class)
-        for out in g.outputs:
-            builder.tensor(class_of_handle[handle_of[out]])
+        roots = [class_of_handle[handle_of[out]] for out in g.outputs]
+        for cls in self._post_order(roots):  # children first, so building never recurses deeply
+            builder.tensor(cls)
         return builder.finish()
+
+    def _children(self, cls: str) -> list[str]:
+        best = self.best.get(cls)
+        if best is None:
+            return []
+        nid = best[1]
+        op = self.s.op(nid)
+        if op == "Op":
+            return self._arg_classes(nid)
+        if op == "Proj":
+            return [self.s.eclass(self.s.children(nid)[0])]
+        return []
+
+    def _post_order(self, roots: list[str]) -> list[str]:
+        order: list[str] = []
+        seen: set[str] = set()
+        stack: list[tuple[str, bool]] = [(r, False) for r in reversed(roots)]
+        while stack:
+            cls, expanded = stack.pop()
+            if expanded:
+                order.append(cls)
+                continue
+            if cls in seen:
+                continue
+            seen.add(cls)
+            stack.append((cls, True))
+            stack.extend((c, False) for c in reversed(self._children(cls)) if c not in seen)
+        return order
 
 
 class _Rebuild:

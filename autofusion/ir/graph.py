@@ -175,6 +175,11 @@ class Graph:
     def node_by_name(self) -> Mapping[str, Node]:
         return {n.name: n for n in self.nodes}
 
+    @functools.cached_property
+    def node_index(self) -> Mapping[str, int]:
+        """Position of each node in the (topological) node order."""
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
     def type_of(self, tensor: str) -> TensorType:
         return self.types[tensor]
 
