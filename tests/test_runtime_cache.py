@@ -7,21 +7,24 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from autofusion.codegen import TemplateSet, render_plan
+from autofusion.codegen.simple_plan import greedy_plan
 from autofusion.codegen.superkernel import LibrarySource
 from autofusion.decide import unfused_plan
-from autofusion.ir import GraphBuilder
+from autofusion.ir import GraphBuilder, run_graph
 from autofusion.runtime import (
     CompileCache,
     CompiledModel,
     CompileError,
     RunError,
     UnfusedRunner,
+    compare_outputs,
     compile_library,
     detect_toolchain,
 )
@@ -113,7 +116,7 @@ _CONCURRENT = """
 import sys
 import numpy as np
 from autofusion.decide import unfused_plan
-from autofusion.ir import GraphBuilder
+from autofusion.ir import GraphBuilder, run_graph
 from autofusion.runtime import CompiledModel
 b = GraphBuilder("race")
 x = b.input("x", (64,))
@@ -163,3 +166,16 @@ def test_superkernel_exports_one_entry_point(tmp_path: Path) -> None:
     assert {"af_run", "af_create", "af_destroy"} <= exported
     assert not any(s.startswith("k0_") for s in exported)  # kernels stay internal: one entry point
 
+
+
+def test_generated_code_builds_and_runs_without_openmp(tmp_path: Path) -> None:
+    tc = detect_toolchain()
+    serial = replace(tc, cflags=tuple(f for f in tc.cflags if f != "-fopenmp") + ("-fopenmp-simd",),
+                     ldflags=(), openmp=False)
+    b = GraphBuilder("serial")
+    x = b.input("x", (64, 600))
+    h = b.op("Relu", b.op("MatMul", x, b.const(np.full((600, 300), 0.01, np.float32) + np.eye(600, 300, dtype=np.float32))))
+    g = b.build([b.op("Softmax", h, axis=-1)])
+    model = CompiledModel(greedy_plan(g), cache=tmp_path, toolchain=serial)
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 600)).astype(np.float32)}
+    assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
