@@ -225,3 +225,19 @@ def test_outputs_that_alias_inputs_or_repeat_are_copied() -> None:
     np.testing.assert_array_equal(out[r], feeds["x"].reshape(3, 2))
     np.testing.assert_array_equal(out[x], feeds["x"])
     np.testing.assert_array_equal(out[y], np.maximum(feeds["x"], 0))
+
+
+def test_graph_without_nodes_and_zero_sized_reductions() -> None:
+    b = GraphBuilder("identity")
+    x = b.input("x", (3,))
+    g = b.build([x])
+    feeds = {"x": np.arange(3, dtype=np.float32)}
+    for runner in (CompiledModel(unfused_plan(g), cache=CACHE), UnfusedRunner(g, cache=CACHE)):
+        out = runner.run(feeds)[x]
+        np.testing.assert_array_equal(out, feeds["x"])
+        assert out is not feeds["x"]
+    b = GraphBuilder("zero")
+    z = b.input("z", (0, 4))
+    g = b.build([b.op("Softmax", z), b.op("ReduceSum", z, b.const(np.array([0], np.int64)), keepdims=0)])
+    feeds = {"z": np.zeros((0, 4), np.float32)}
+    assert compare_outputs(run_graph(g, feeds), CompiledModel(greedy_plan(g), cache=CACHE).run(feeds)).ok

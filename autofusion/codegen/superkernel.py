@@ -108,10 +108,11 @@ def _units(title: str, kernels: list[KernelSource], templates: TemplateSet, expo
         size += len(k.code)
     units = []
     for i, chunk in enumerate(chunks):
-        if not chunk:
-            continue
+        if not chunk and (units or not exported):
+            continue  # an exported library keeps one (possibly empty) unit so that it always links
         text = templates.render(
-            "unit.c.j2", title=c_comment_text(title), first=chunk[0].name, last=chunk[-1].name,
+            "unit.c.j2", title=c_comment_text(title), first=chunk[0].name if chunk else "none",
+            last=chunk[-1].name if chunk else "none",
             blas=any(k.uses_blas for k in chunk), kernels=[k.code for k in chunk],
             wrappers=[{"name": k.name, "params": k.params} for k in chunk] if exported else [])
         units.append((f"{prefix}{i}.c", text))

@@ -84,7 +84,8 @@ class UnfusedRunner:
                             env[out] = env[node.inputs[0]].reshape(g.types[out].shape)
                 continue
             self._call(step.kernel, step.fn, step.derived, env, nt)
-        return {o: np.array(env[o]) if not env[o].flags.owndata else env[o] for o in g.outputs}
+        fresh = set(g.inputs) | set(g.constants)  # never hand back the caller's own array or a weight
+        return {o: np.array(env[o]) if o in fresh or not env[o].flags.owndata else env[o] for o in g.outputs}
 
     def _call(self, k: KernelSource, fn: object, derived: list[np.ndarray], env: dict[str, np.ndarray],
               nt: int) -> None:
