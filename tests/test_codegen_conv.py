@@ -57,7 +57,7 @@ def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[i
     y = b.op("Conv", x, b.const(f32(*w_shape)), **attrs)
     g = b.build([b.op("Clip", y, b.const(np.float32(-2.0)), b.const(np.float32(2.0)))])
     code = check(g, {"x": f32(*x_shape)})
-    assert ("/* im2col: row" in code) == (attrs != {})
+    assert ("/* im2col of the block" in code) == (attrs != {})
 
 
 def test_batchnorm_is_not_folded_when_the_conv_output_is_needed() -> None:

@@ -18,7 +18,7 @@ from autofusion.codegen import index as ix
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel import KernelContext
-from autofusion.codegen.loopnest import LoopNest, chunk, op_handlers
+from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import strided_view
 from autofusion.ir.graph import Node
@@ -26,8 +26,13 @@ from autofusion.ir.types import DType
 from autofusion.ops.common import ints
 from autofusion.ops.spatial import window
 
-TILE_M = 64
+# Tasks of up to 256 output channels x about 256 output positions (whole output rows), each with its own
+# im2col block, so that tasks need no barrier between them; channel blocks shrink to 64 until there are
+# enough tasks to share among threads.
+TILE_M = 256
 TILE_P = 256
+MIN_TILE_M = 64
+MIN_TASKS = 4
 PARALLEL_MIN_FLOPS = 1 << 19
 
 
@@ -119,7 +124,6 @@ class _Conv:
             y = bn.outputs[0]
         self.y = y
         ys = g.types[y].shape
-        col_ptr = f"((float*)(scratch + {k.scratch(kc * p * 4)}))" if im2col else ""
 
         outputs = [] if only_into else list(k.group.outputs)
         aligned, late, early = [], [], []
@@ -144,9 +148,12 @@ class _Conv:
                 aligned.insert(0, (y, ybuf))
         if early:
             self.prologue.append(self._nest().render(early))
-        mb = mg if mg <= TILE_M * 3 // 2 else TILE_M
         rows_per_tile = max(1, TILE_P // ow)
         pb = min(p, ow * rows_per_tile)
+        mb = max(1, min(mg, TILE_M))
+        tasks = n_img * groups * -(-p // pb)
+        while tasks * -(-mg // mb) < MIN_TASKS and mb > MIN_TILE_M:
+            mb = max(MIN_TILE_M, mb // 2)  # more channel blocks (each redoes its im2col block: cheap)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
         if ybuf:
             c_ptr, ldc = f"{ybuf} + (n * {m} + gi * {mg} + m0) * {p} + p0", p
@@ -177,9 +184,9 @@ class _Conv:
                                    f"im2col {'yes' if im2col else 'no'}; epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, parallel=flops >= PARALLEL_MIN_FLOPS,
             tile_floats=0 if ybuf else mb * pb, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
-            cg=cg, in_size=ind * inh * inw, im2col=im2col, col_ptr=col_ptr, kc=kc, taps=taps, kd=kd, kh=kh,
+            cg=cg, in_size=ind * inh * inw, im2col=im2col, kc=kc, taps=taps, kd=kd, kh=kh,
             kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
-            pd=pd, ph=ph, pw=pw, im2col_chunk=chunk(kc), tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
+            pd=pd, ph=ph, pw=pw, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
             w_ptr=w_ptr, body=body.lines, row_lines=row_lines, col_lines=col_lines)
 
     def _foldable_batchnorm(self, y: str, bias_t: str) -> Node | None:
