@@ -21,6 +21,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "autofusion.cli.cmd_explain",
     "autofusion.cli.cmd_viz",
     "autofusion.cli.cmd_plugins",
+    "autofusion.cli.cmd_calibrate",
+    "autofusion.cli.cmd_bench",
 )
 
 

@@ -1,0 +1,102 @@
+"""Time spent outside the opaque compute cores (MatMul, Gemm, Conv, ...): what fusion can remove.
+
+The op-by-op runner is timed kernel by kernel. Its time outside opaque cores is the sum of its
+non-opaque kernels; the fused SuperKernel runs in one call with no per-kernel clock, so its time
+outside opaque cores is estimated as its total minus the opaque cores' time measured op by op on
+the plan's own graph (the same cores, the same shapes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autofusion.decide.plan import Plan
+from autofusion.ir.graph import Graph
+from autofusion.runtime import UnfusedRunner
+
+MIN_OP_RUNS = 3  # a median of fewer samples does not reject a run where a thread was descheduled
+OPAQUE_CORES = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM"})
+
+UNFUSED_METHOD = ("measured: the op-by-op runner timed per kernel call (output allocation included), the medians "
+                  "of its non-opaque kernels summed")
+FUSED_METHOD = ("estimate: the fused median minus the opaque cores' time (the compiled MatMul/Gemm/Conv functions "
+                "of the plan's graph timed one by one); the SuperKernel has no per-kernel timer")
+
+
+def planned_peak(runner: UnfusedRunner) -> int:
+    """Peak activation bytes the runtime's buffer planner gives the runner's (unfused) plan."""
+    from autofusion.codegen.buffers import plan_buffers
+
+    scratch = {k.group.name: k.scratch_bytes for k in runner.source.kernels}
+    return plan_buffers(runner.plan, scratch).peak_bytes
+
+
+class TimedUnfusedRunner(UnfusedRunner):
+    """An UnfusedRunner that records, per kernel, the seconds of each call as the runner makes it
+    (output allocation and argument passing included) and of the compiled function alone."""
+
+    def __init__(self, graph: Graph, **kwargs: Any) -> None:
+        super().__init__(graph, **kwargs)
+        self.call_seconds: dict[str, list[float]] = {}
+        self.kernel_seconds: dict[str, list[float]] = {}
+
+    def _call(self, k: Any, fn: Any, derived: list[np.ndarray], env: dict[str, np.ndarray], nt: int) -> None:
+        inner = self.kernel_seconds.setdefault(k.group.name, [])
+
+        def timed(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            rc = fn(*args)
+            inner.append(time.perf_counter() - t0)
+            return rc
+
+        t0 = time.perf_counter()
+        super()._call(k, timed, derived, env, nt)
+        self.call_seconds.setdefault(k.group.name, []).append(time.perf_counter() - t0)
+
+
+def has_kernel_hook() -> bool:
+    """Whether the runtime's op-by-op runner still calls each kernel through ``_call``."""
+    return callable(getattr(UnfusedRunner, "_call", None))
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    """Per-kernel medians of op-by-op runs, summed: opaque cores (compiled function alone) and the
+    other kernels (each call as the runner makes it)."""
+
+    opaque_core: float
+    other_calls: float
+    kernels_opaque: int
+    kernels_other: int
+
+
+def time_ops(graph: Graph, feeds: Mapping[str, np.ndarray], repeat: int, threads: int,
+             plan: Plan | None = None) -> OpTimes:
+    """Run ``graph`` (or ``plan``'s groups) op by op: one untimed run (first-touch page faults,
+    thread start-up), then ``repeat`` runs (at least 3); per-kernel medians summed."""
+    runner = TimedUnfusedRunner(graph, threads=threads, plan=plan)
+    runner.run(feeds)
+    runner.call_seconds.clear()
+    runner.kernel_seconds.clear()
+    for _ in range(max(MIN_OP_RUNS, repeat)):
+        runner.run(feeds)
+    g = runner.graph
+    opaque = other = 0.0
+    n_opaque = n_other = 0
+    for group in runner.plan.groups:
+        calls, cores = runner.call_seconds.get(group.name), runner.kernel_seconds.get(group.name)
+        if not calls or not cores:
+            continue
+        if any(g.node_by_name[n].op in OPAQUE_CORES for n in group.nodes):
+            opaque += statistics.median(cores)
+            n_opaque += 1
+        else:
+            other += statistics.median(calls)
+            n_other += 1
+    return OpTimes(opaque, other, n_opaque, n_other)

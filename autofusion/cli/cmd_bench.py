@@ -1,0 +1,192 @@
+"""``autofusion bench MODEL``: the fused model side by side with the unfused one, the reference
+interpreter, onnxruntime and torch, in one run, on the same inputs and the same thread count."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from autofusion.cli.cmd_fuse import add_plan_arguments, make_plan
+from autofusion.cli.common import CliError, Output, error, human_bytes, positive_int
+
+EXIT_MISMATCH = 1  # outputs that differ from the reference are a bug somewhere: never a quiet success
+
+
+def add_parser(subparsers: Any) -> None:
+    from autofusion.bench.runners import RUNNER_NAMES
+
+    p = subparsers.add_parser(
+        "bench", help="time the fused model against the unfused one, onnxruntime and torch",
+        description="Run the model with every runtime side by side (reference interpreter, op-by-op kernels, the "
+                    "fused SuperKernel, onnxruntime without and with graph optimisation, torch eager and "
+                    "torch.compile) on the same random inputs; report median latency, peak memory and kernels, "
+                    "and check every runtime's outputs against the reference.")
+    add_plan_arguments(p)
+    p.add_argument("--repeat", type=positive_int, default=10, metavar="N", help="timed runs per runner (default 10)")
+    p.add_argument("--warmup", type=_non_negative, default=2, metavar="N",
+                   help="untimed runs per runner before timing (default 2)")
+    p.add_argument("--threads", type=positive_int, default=2, metavar="N",
+                   help="threads for every runtime (default 2)")
+    p.add_argument("--runners", default=",".join(RUNNER_NAMES), metavar="LIST",
+                   help=f"comma-separated runners to include (default all: {','.join(RUNNER_NAMES)})")
+    p.add_argument("--skip", default="", metavar="LIST", help="comma-separated runners to leave out")
+    p.add_argument("--rtol", type=float, default=None, metavar="X", help="relative tolerance of the output check")
+    p.add_argument("--atol", type=float, default=None, metavar="X", help="absolute tolerance of the output check")
+    p.add_argument("--pause", type=float, default=None, metavar="S",
+                   help="seconds of rest before each runner is timed, so thread pools of the previous one go "
+                        "idle (default 0.5)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random inputs (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def selected_runners(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """(runners to run, runners left out with why); unknown names are usage errors."""
+    from autofusion.bench.runners import RUNNER_NAMES
+
+    def names(text: str, option: str) -> list[str]:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        unknown = [s for s in items if s not in RUNNER_NAMES]
+        if unknown:
+            raise CliError(f"{option}: unknown runner {', '.join(unknown)} (runners: {', '.join(RUNNER_NAMES)})")
+        return items
+
+    wanted = names(args.runners, "--runners")
+    skip = set(names(args.skip, "--skip"))
+    chosen = [n for n in RUNNER_NAMES if n in wanted and n not in skip]
+    left_out = {n: "left out by --skip" if n in skip else "not in --runners" for n in RUNNER_NAMES if n not in chosen}
+    if not chosen:
+        raise CliError("no runner left to run (check --runners and --skip)")
+    return chosen, left_out
+
+
+def run(args: argparse.Namespace) -> int:
+    from autofusion.bench import ATOL, RTOL, BenchSetup, run_bench, to_json
+    from autofusion.bench.environment import limit_threads, machine_info
+    from autofusion.bench.harness import PAUSE_SECONDS
+    from autofusion.decide.summary import plan_summary
+    from autofusion.models import random_inputs
+    from autofusion.plugins import registry_with_plugins
+
+    for option in ("rtol", "atol", "pause"):
+        value = getattr(args, option)
+        if value is not None and not value >= 0:
+            raise CliError(f"--{option} must be a non-negative number, got {value}")
+    names, left_out = selected_runners(args)
+    limit_threads(args.threads)  # before any runtime starts its thread pool
+    loaded, plan = make_plan(args)
+    registry = registry_with_plugins()
+    feeds = random_inputs(loaded.graph, seed=args.seed)
+    setup = BenchSetup(loaded.graph, plan, feeds, args.threads, registry)
+    with _progress() as progress:
+        result = run_bench(setup, names, args.repeat, args.warmup, progress,
+                           RTOL if args.rtol is None else args.rtol, ATOL if args.atol is None else args.atol,
+                           PAUSE_SECONDS if args.pause is None else args.pause)
+    summary = plan_summary(plan, loaded.graph, registry)
+    meta = {
+        "model": loaded.source,
+        "graph": loaded.graph.name,
+        "inputs": {n: list(loaded.graph.types[n].shape) for n in loaded.graph.inputs},
+        "strategy": plan.strategy,
+        "plan": {k: summary[k] for k in ("kernels_before", "kernels_after", "intermediate_bytes_before",
+                                         "intermediate_bytes_after", "seconds")},
+        "machine": machine_info(),
+    }
+    data = to_json(result, meta)
+    data["skipped"] = {**data["skipped"], **left_out}
+    out = Output()
+    if args.json:
+        out.json(data)
+    else:
+        _print_tables(out, loaded.source, data)
+    return _verdict(data)
+
+
+def _verdict(data: dict[str, Any]) -> int:
+    """Failures and output mismatches are reported on stderr and make the exit status 1."""
+    status = 0
+    for name, message in data["failed"].items():
+        error(f"runner {name} failed: {message}")
+        status = EXIT_MISMATCH
+    for name in data["mismatches"]:
+        error(f"OUTPUT MISMATCH: {name} differs from the reference: {data['runners'][name]['check']}")
+        status = EXIT_MISMATCH
+    return status
+
+
+def _print_tables(out: Output, source: str, data: dict[str, Any]) -> None:
+    from autofusion.bench.report import short_method
+
+    runners = data["runners"]
+    fused = runners.get("fused")
+    sizes = ", ".join(f"{n} {shape}" for n, shape in data["inputs"].items())
+    rows = []
+    for name, r in runners.items():
+        speed = data["ratios"].get("fused_speedup", {}).get(name)
+        rows.append((name, f"{r['median_ms']:.3f}" if r["median_ms"] is not None else "n/a",
+                     "1.00x" if name == "fused" else ("" if speed is None else f"{speed:.2f}x"),
+                     "n/a" if r["peak_bytes"] is None else human_bytes(r["peak_bytes"]),
+                     short_method(r["peak_method"]), "n/a" if r["kernels"] is None else r["kernels"],
+                     f"{r['max_abs_error']:.2e}" if r["max_abs_error"] is not None else "n/a",
+                     "ok" if r["outputs_ok"] else "MISMATCH"))
+    out.table(f"{source} ({sizes}): median of {data['repeat']} runs after {data['warmup']} warm-up, "
+              f"{data['threads']} threads",
+              ("runner", "median ms", "fused is", "peak memory", "measured by", "kernels", "max |err|", "outputs"),
+              rows)
+    out.line("'fused is' = that runner's median / the fused median (above 1: fused is faster).")
+    for name in ("unfused", "fused"):
+        r = runners.get(name)
+        if r is not None and r.get("outside_opaque_ms") is not None:
+            out.line(f"{name}: {r['outside_opaque_ms']:.3f} ms outside MatMul/Gemm/Conv cores ({r['outside_opaque_method']})")
+    ratio = data["ratios"].get("outside_opaque_unfused_over_fused")
+    if ratio is not None:
+        out.line(f"time outside opaque cores: unfused / fused = {ratio:.2f}x")
+    if fused is not None:
+        out.line(f"fused max |error| against the reference: {data['max_abs_error']:.3g}")
+    for name, reason in data["skipped"].items():
+        out.line(f"skipped {name}: {reason}")
+    out.line(f"load average before/after: {data['load_average_before']} / {data['load_average_after']}")
+
+
+class _progress:
+    """A rich progress bar on stderr when it is a terminal; nothing otherwise."""
+
+    def __enter__(self) -> Any:
+        from autofusion.bench import NoProgress
+
+        if not sys.stderr.isatty():
+            self._bar = None
+            return NoProgress()
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn(),
+                             transient=True)
+        self._bar.__enter__()
+        bar = self._bar
+
+        class _Rich:
+            task = None
+
+            def start(self, total: int) -> None:
+                self.task = bar.add_task("benchmark", total=total)
+
+            def step(self, description: str) -> None:
+                if self.task is not None:
+                    bar.update(self.task, advance=1, description=description)
+
+        return _Rich()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)  # type: ignore[arg-type]
