@@ -19,7 +19,7 @@ import numpy as np
 from autofusion.dsl.guards import Bindings, Guard, holds
 from autofusion.dsl.ir import Literal, OpTerm, PatternRef, RuleSet, Term, Var
 from autofusion.engine.egraph import Serialized
-from autofusion.engine.encode import multi_output, parse_attrs, quote
+from autofusion.engine.encode import f64, multi_output, parse_attrs, quote
 from autofusion.ir.types import TensorType
 from autofusion.ops.registry import OpRegistry
 
@@ -133,7 +133,11 @@ class PatternCompiler:
         if isinstance(term, Var):
             return vars_[term.name]
         if isinstance(term, Literal):
-            return names[term]
+            v = names[term]
+            if not isinstance(term.value, tuple) and term not in done:
+                done.add(term)  # scalar literals are filtered in the e-graph (fp32-rounded), checked again in Python
+                facts.append(f"(= {v} (Num {f64(float(np.float32(term.value)))} {v}_dtype {v}_shape))")
+            return v
         assert isinstance(term, OpTerm)
         slot = slots[term]
         if term in done:
