@@ -71,7 +71,8 @@ def fix_malloc_threshold() -> bool:
     return bool(libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD))
 
 
-def _status_kib(field: str) -> int | None:
+def status_kib(field: str) -> int | None:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM), None where there is none."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(field + ":"):
@@ -106,9 +107,9 @@ def peak_rss_delta(call: Callable[[], Any]) -> MemoryProbe:
     if not _reset_peak_rss():
         call()
         return MemoryProbe(None, "rss unavailable: cannot reset the peak resident set on this system")
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     call()
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     if before is None or peak is None:
         return MemoryProbe(None, "rss unavailable: /proc/self/status has no VmRSS/VmHWM")
     return MemoryProbe(max(0, peak - before) * 1024, RSS_METHOD)
@@ -137,7 +138,7 @@ def peak_rss_kib() -> int | None:
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
     except (ImportError, OSError):
-        return _status_kib("VmHWM")
+        return status_kib("VmHWM")
 
 
 def cpu_count() -> int:

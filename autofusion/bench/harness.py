@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 from autofusion.bench.environment import (
     MemoryProbe,
@@ -22,7 +24,7 @@ from autofusion.bench.environment import (
     peak_traced,
 )
 from autofusion.bench.opaque import FUSED_METHOD, UNFUSED_METHOD, has_kernel_hook, time_ops
-from autofusion.bench.runners import BenchSetup, Outputs, Runner, RunnerSkipped, prepare
+from autofusion.bench.runners import BenchSetup, Outputs, Runner, RunnerFactory, RunnerSkipped, prepare
 from autofusion.runtime import compare_outputs
 
 RTOL = 1e-3  # float32 through a dozen layers: GEMM libraries differ in summation order
@@ -102,9 +104,9 @@ class _Live:
 
 def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup: int = 2,
               progress: Progress | None = None, rtol: float = RTOL, atol: float = ATOL,
-              pause: float = PAUSE_SECONDS) -> BenchResult:
+              pause: float = PAUSE_SECONDS, factories: Mapping[str, RunnerFactory] | None = None) -> BenchResult:
     """Measure the runners ``names`` side by side on ``setup``; ``repeat`` timed runs after ``warmup``,
-    with ``pause`` seconds of rest before each runner's block."""
+    with ``pause`` seconds of rest before each runner's block. ``factories`` adds or replaces runners."""
     progress = progress or NoProgress()
     started = time.perf_counter()
     limits = limit_threads(setup.threads)
@@ -121,7 +123,7 @@ def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup:
     for name in names:
         progress.step(f"preparing {name}")
         try:
-            runner = prepare(name, setup)
+            runner = prepare(name, setup, factories)
             outputs, probe, extra = _first_run(runner)
         except RunnerSkipped as e:
             skipped[name] = str(e)
@@ -169,7 +171,8 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
 
 
 def _result(item: _Live, reference: Outputs, rtol: float, atol: float) -> RunnerResult:
-    report = compare_outputs(reference, item.first_outputs, rtol, atol)
+    with np.errstate(divide="ignore", invalid="ignore"):  # zero tolerances divide by zero in the check
+        report = compare_outputs(reference, item.first_outputs, rtol, atol)
     errors = [d.max_abs for d in report.diffs]
     times_ms = tuple(t * 1e3 for t in item.times)
     r = item.runner

@@ -73,7 +73,7 @@ def to_json(result: BenchResult, meta: Mapping[str, Any]) -> dict[str, Any]:
         "threads": result.threads,
         "repeat": result.repeat,
         "warmup": result.warmup,
-        "runners": {r.name: runner_json(r) for r in sorted(result.runners, key=lambda r: RUNNER_NAMES.index(r.name))},
+        "runners": {r.name: runner_json(r) for r in sorted(result.runners, key=_order)},
         "skipped": dict(result.skipped),
         "failed": dict(result.failed),
         "max_abs_error": _num(fused.max_abs_error) if fused is not None else None,
@@ -86,6 +86,10 @@ def to_json(result: BenchResult, meta: Mapping[str, Any]) -> dict[str, Any]:
         "load_average_after": result.load_after,
         "seconds": result.seconds,
     }
+
+
+def _order(r: RunnerResult) -> tuple[int, str]:
+    return (RUNNER_NAMES.index(r.name) if r.name in RUNNER_NAMES else len(RUNNER_NAMES), r.name)
 
 
 def short_method(method: str) -> str:

@@ -73,9 +73,13 @@ class Runner:
     extra: dict[str, Any] | None = None
 
 
-def prepare(name: str, setup: BenchSetup) -> Runner:
-    """The runner called ``name``; RunnerSkipped when it cannot run here."""
-    factory = _FACTORIES.get(name)
+RunnerFactory = Callable[[BenchSetup], Runner]
+
+
+def prepare(name: str, setup: BenchSetup, factories: Mapping[str, RunnerFactory] | None = None) -> Runner:
+    """The runner called ``name`` (from ``factories`` first, else the built-in ones); RunnerSkipped
+    when it cannot run here."""
+    factory = (factories or {}).get(name) or _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown runner {name!r}; runners: {', '.join(RUNNER_NAMES)}")
     t0 = time.perf_counter()
@@ -209,7 +213,7 @@ def _torch_compile(setup: BenchSetup) -> Runner:
     return Runner("torch_compile", call, None, "n/a: inductor reported no kernel count (cached compile)", 0.0, "rss")
 
 
-_FACTORIES: dict[str, Callable[[BenchSetup], Runner]] = {
+_FACTORIES: dict[str, RunnerFactory] = {
     "reference": _reference,
     "unfused": _unfused,
     "fused": _fused,
