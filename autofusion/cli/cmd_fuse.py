@@ -18,6 +18,7 @@ def add_parser(subparsers: Any) -> None:
     add_plan_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--groups", action="store_true", help="also list every fused group")
+    p.add_argument("--emit", metavar="DIR", help="write the generated C sources of the SuperKernel into DIR")
     p.add_argument("--onnx-out", metavar="FILE",
                    help="write the fused model as ONNX, each fused kernel a model-local function")
     p.set_defaults(func=run)
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     summary = plan_summary(plan, loaded.graph, registry_with_plugins())  # plugin ops count too
     if args.onnx_out:
         summary["onnx_out"] = write_onnx(plan, args.onnx_out)
+    if args.emit:
+        summary["emitted"] = emit_sources(plan, args.emit)
     out = Output()
     if args.json:
         if args.groups:
@@ -104,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         out.line(f"note: rule {name} not used: {why}")
     for note in s["notes"]:
         out.line(f"note: {note}")
+    if args.emit:
+        out.line(f"wrote {len(summary['emitted'])} C source files to {args.emit}")
     if args.onnx_out:
         out.line(f"wrote {args.onnx_out} ({sum(g.fused for g in plan.groups)} fused kernels as ONNX functions)")
     if args.groups:
@@ -130,3 +135,28 @@ def write_onnx(plan: Any, path: str) -> str:
     except OnnxExportError as e:
         raise CliError(f"cannot write ONNX: {e}") from None
     return str(target)
+
+
+def emit_sources(plan: Any, directory: str) -> list[str]:
+    """Write the SuperKernel's C sources (and its header) into ``directory``; returns the paths."""
+    import os
+    from pathlib import Path
+
+    from autofusion.codegen import CodegenError, render_plan
+
+    try:
+        source = render_plan(plan)
+    except CodegenError as e:
+        raise CliError(str(e)) from None
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise CliError(f"--emit {directory} is not a directory")
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in [("af_runtime.h", source.header), *source.units]:
+        path = target / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # never leave a half-written file
+        written.append(str(path))
+    return written

@@ -14,7 +14,7 @@ import numpy as np
 from autofusion.cli.common import CliError, Output, add_model_arguments, json_number, load_model
 from autofusion.ir import Graph
 
-BACKENDS = ("reference",)
+BACKENDS = ("reference", "c", "c-unfused")
 HEAD = 5  # values shown per output
 
 
@@ -25,7 +25,9 @@ def add_parser(subparsers: Any) -> None:
                     "or on seeded random inputs, and print each output's shape, dtype, statistics and "
                     "first values, and the wall time.")
     add_model_arguments(p)
-    p.add_argument("--backend", choices=BACKENDS, default="reference", help="how to execute (default: reference)")
+    p.add_argument("--backend", choices=BACKENDS, default="reference",
+                   help="reference (numpy interpreter), c (fused plan as one compiled SuperKernel) or c-unfused "
+                        "(every op its own compiled kernel); default reference")
     p.add_argument("--inputs", metavar="FILE.npz", help="inputs as an .npz with keys input:NAME")
     p.add_argument("--save", metavar="FILE.npz", help="write the outputs (output:NAME) and inputs (input:NAME)")
     p.add_argument("--seed", type=int, default=0, help="seed of built-in weights and random inputs (default 0)")
@@ -104,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
     graph = loaded.graph
     feeds = read_inputs(args.inputs, graph) if args.inputs else random_inputs(graph, seed=args.seed)
     start = time.perf_counter()
-    outputs = run_graph(graph, feeds)
+    if args.backend == "reference":
+        outputs = run_graph(graph, feeds)
+    else:
+        outputs, start = _run_compiled(args, graph, feeds)
     wall = time.perf_counter() - start
     saved = save_npz(args.save, feeds, outputs) if args.save else None
     summaries = [summarise(name, outputs[name]) for name in graph.outputs]
@@ -125,6 +130,24 @@ def run(args: argparse.Namespace) -> int:
     if saved:
         out.line(f"saved: {saved}")
     return 0
+
+
+def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, float]:
+    """Outputs of the fused plan compiled as one SuperKernel (``c``) or of every op compiled on its
+    own (``c-unfused``); the start time excludes optimisation and compilation."""
+    from autofusion.runtime import CompiledModel, CompileError, UnfusedRunner
+
+    try:
+        if args.backend == "c":
+            from autofusion.api import optimize
+
+            model: Any = CompiledModel(optimize(graph))
+        else:
+            model = UnfusedRunner(graph)
+        start = time.perf_counter()
+        return dict(model.run(feeds)), start
+    except CompileError as e:
+        raise CliError(str(e)) from None
 
 
 def _num(v: Any) -> str:
