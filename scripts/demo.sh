@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the main job on the built-in BERT-base model.
+# Sets up .venv, then the main job on the built-in BERT-base model: fuse it with the shipped rules
+# and run the fused model as one compiled SuperKernel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/autofusion info bert-base
-exec .venv/bin/autofusion run bert-base --seq 128
+.venv/bin/autofusion fuse bert-base --seq 128
+exec .venv/bin/autofusion run bert-base --seq 128 --backend c
