@@ -1,0 +1,91 @@
+"""From a fused group to a Triton kernel module: pointwise, reduction and gemm_epilogue groups.
+
+Each kernel is one Python module rendered from ``templates/triton``: a ``@triton.jit`` function and
+a ``launch`` function holding its (static) grid. Inputs and outputs are contiguous tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autofusion.codegen.names import NameTable
+from autofusion.codegen.triton import reduce as red
+from autofusion.codegen.triton import tindex as ix
+from autofusion.codegen.triton.exprs import Exprs
+from autofusion.codegen.triton.gemm import render_gemm
+from autofusion.codegen.triton.templates import TritonTemplates
+from autofusion.codegen.triton.text import py_comment, py_ident
+from autofusion.decide.plan import FusedGroup
+from autofusion.ir.graph import Graph
+from autofusion.ops.registry import OpRegistry, default_registry
+
+TRITON_TEMPLATES = frozenset({"pointwise", "reduction", "gemm_epilogue", "multi_output"})
+POINTWISE_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class TritonKernel:
+    """One rendered kernel: ``source`` defines ``name`` (the jit function) and ``launch(*params)``."""
+
+    name: str
+    group: FusedGroup
+    source: str
+    params: tuple[str, ...]  # tensor names, in the order launch() takes them
+
+
+def group_comment(group: FusedGroup) -> str:
+    rules = ", ".join(str(r) for r in group.rules) or "none recorded"
+    return py_comment(f"group {group.name} [{group.template}]: {len(group.nodes)} nodes; rules: {rules}")
+
+
+def render_triton_group(graph: Graph, group: FusedGroup, templates: TritonTemplates | None = None,
+                        registry: OpRegistry | None = None) -> TritonKernel:
+    """The Triton kernel of ``group``, or CodegenError naming the template it cannot render."""
+    registry = registry or default_registry()
+    templates = templates or TritonTemplates()
+    names = NameTable("t_")
+    params = tuple(dict.fromkeys(t for t in group.inputs + group.outputs if t))
+    idents = [names(t) for t in params]
+    ex = Exprs(graph, group, registry, names)
+    if group.template not in TRITON_TEMPLATES:
+        raise ex.error("the Triton backend renders only " + ", ".join(sorted(TRITON_TEMPLATES)))
+    for n in group.nodes:
+        if graph.node_by_name[n].op not in registry:
+            raise ex.error("op is not in the op registry", graph.node_by_name[n])
+    ctx = dict(comment=group_comment(group), name=py_ident(group.name, "k_"), params=idents)
+    if group.template == "gemm_epilogue":
+        ctx.update(render_gemm(ex, names))
+    elif red.find_reduction(ex) is not None:
+        ctx.update(red.render_reduction(ex, names))
+    else:
+        ctx.update(_render_pointwise(ex, names))
+    return TritonKernel(str(ctx["name"]), group, templates.render(str(ctx.pop("template")), **ctx), params)
+
+
+def _render_pointwise(ex: Exprs, names: NameTable) -> dict[str, object]:
+    """One program per block of the flattened outputs; outputs of other shapes need the same element count."""
+    shapes = list(dict.fromkeys(ex.graph.type_of(t).shape for t in ex.group.outputs))
+    counts = {math.prod(s) for s in shapes}
+    if len(counts) != 1:
+        raise ex.error(f"outputs of different sizes {shapes} need separate loop nests")
+    numel = counts.pop()
+    ex.mask, ex.vector = "mask", {"offs", "mask"}
+    index_lines = []
+    index_of: dict[tuple[int, ...], tuple[str, ...]] = {}
+    for k, shape in enumerate(shapes):  # each output shape indexes the flat block its own way
+        idx = []
+        for d, e in enumerate(ix.delinear("offs", shape)):
+            if ix.cix.is_int(e):
+                idx.append(e)
+                continue
+            var = f"i{d}" if k == 0 else f"i{k}_{d}"
+            index_lines.append(f"{var} = {e}")
+            ex.vector.add(var)
+            idx.append(var)
+        index_of[shape] = tuple(idx)
+    stores = [f"tl.store({names(t)} + offs, {ex.value(t, index_of[ex.graph.type_of(t).shape])}, mask=mask)"
+              for t in ex.group.outputs]
+    return dict(template="pointwise.py.j2", numel=numel, block=POINTWISE_BLOCK,
+                grid=[max(1, -(-numel // POINTWISE_BLOCK))], index_lines=index_lines, body=ex.lines, stores=stores,
+                meta=[("BLOCK", POINTWISE_BLOCK)])

@@ -1,0 +1,107 @@
+"""Runs a fusion plan with Triton: supported groups as generated Triton kernels, the rest op by op.
+
+Groups the Triton backend cannot render run their nodes with the op registry's reference
+implementations (the same numpy code as :func:`autofusion.ir.run_graph`), unless the model was
+built with ``fallback=False``, in which case the first such group is refused with its CodegenError.
+Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from autofusion.codegen.errors import CodegenError
+from autofusion.codegen.triton import TritonKernel, render_triton_group
+from autofusion.decide.plan import FusedGroup, Plan
+from autofusion.ir.interpreter import check_feeds
+from autofusion.ops.registry import OpRegistry, default_registry
+
+
+@dataclass(frozen=True)
+class _Step:
+    group: FusedGroup
+    kernel: TritonKernel | None  # None: run with the reference ops
+    launch: Any = None
+    reason: str = ""
+
+
+class TritonModel:
+    """A plan compiled to Triton kernels; call it with numpy feeds to get numpy outputs."""
+
+    def __init__(self, plan: Plan, fallback: bool = True, device: str = "cpu",
+                 registry: OpRegistry | None = None, directory: Path | None = None) -> None:
+        import torch  # noqa: F401  (fails early with ImportError when the gpu extra is missing)
+
+        self.plan, self.device = plan, device
+        self.registry = registry or default_registry()
+        self._dir = directory or Path(tempfile.mkdtemp(prefix="autofusion_triton_"))
+        steps = []
+        for group in plan.groups:
+            if group.template == "view":
+                steps.append(_Step(group, None, reason="view"))
+                continue
+            try:
+                kernel = render_triton_group(plan.graph, group, registry=self.registry)
+            except CodegenError as e:
+                if not fallback:
+                    raise
+                steps.append(_Step(group, None, reason=str(e)))
+                continue
+            steps.append(_Step(group, kernel, self._load(kernel).launch))
+        self.steps = tuple(steps)
+
+    @property
+    def kernels(self) -> tuple[TritonKernel, ...]:
+        return tuple(s.kernel for s in self.steps if s.kernel is not None)
+
+    @property
+    def fallbacks(self) -> Mapping[str, str]:
+        """Groups run op by op, with the reason (view groups need no kernel)."""
+        return {s.group.name: s.reason for s in self.steps if s.kernel is None}
+
+    def _load(self, kernel: TritonKernel) -> ModuleType:
+        path = self._dir / f"{kernel.name}.py"
+        path.write_text(kernel.source)
+        spec = importlib.util.spec_from_file_location(f"autofusion_triton_{kernel.name}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        graph = self.plan.graph
+        env: dict[str, Any] = {k: torch.from_numpy(np.array(c.array)).to(self.device)
+                               for k, c in graph.constants.items()}
+        env.update({k: torch.from_numpy(np.array(v)).to(self.device) for k, v in check_feeds(graph, feeds).items()})
+        for step in self.steps:
+            if step.kernel is None:
+                self._run_reference(step.group, env)
+                continue
+            for t in step.group.outputs:
+                tt = graph.type_of(t)
+                env[t] = torch.empty(tt.shape, dtype=getattr(torch, tt.dtype.value), device=self.device)
+            step.launch(*(env[t].contiguous() for t in step.kernel.params))
+        return {o: env[o].cpu().numpy() for o in graph.outputs}
+
+    def _run_reference(self, group: FusedGroup, env: dict[str, Any]) -> None:
+        import torch
+
+        graph = self.plan.graph
+        for name in group.nodes:
+            node = graph.node_by_name[name]
+            args = [env[i].cpu().numpy() if i else None for i in node.inputs]
+            with np.errstate(all="ignore"):
+                results = self.registry[node.op].reference(args, node.attrs)
+            for out, value in zip(node.outputs, results):
+                if out:
+                    env[out] = torch.from_numpy(np.ascontiguousarray(value)).to(self.device)

@@ -1,0 +1,161 @@
+"""The Triton backend: kernels rendered per template, run under TRITON_INTERPRET=1 against the reference.
+
+Regenerate the snapshots after an intended change with ``AUTOFUSION_UPDATE_GOLDEN=1``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autofusion.codegen.errors import CodegenError
+from autofusion.codegen.triton import py_ident, render_triton_group
+from autofusion.decide.plan import ZERO_COST, FusedGroup, Plan
+from autofusion.ir import run_graph
+from autofusion.ir.builder import GraphBuilder
+from autofusion.ir.graph import Graph
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
+torch = pytest.importorskip("torch", reason="the Triton backend needs torch (pip install autofusion[gpu])")
+pytest.importorskip("triton", reason="the Triton backend needs triton (pip install autofusion[gpu])")
+
+from autofusion.runtime.triton_runner import TritonModel  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "golden" / "triton"
+UPDATE = os.environ.get("AUTOFUSION_UPDATE_GOLDEN") == "1"
+
+
+def one_group_plan(graph: Graph, template: str, name: str = "g0") -> Plan:
+    """A plan with every node of ``graph`` in one group."""
+    nodes = tuple(n.name for n in graph.nodes)
+    inputs = tuple(dict.fromkeys(graph.inputs + tuple(graph.constants)))
+    group = FusedGroup(name, nodes, inputs, graph.outputs, template)
+    return Plan(graph, (group,), ZERO_COST, ZERO_COST)
+
+
+def feeds_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {t: rng.standard_normal(graph.type_of(t).shape).astype(graph.type_of(t).dtype.numpy)
+            for t in graph.inputs}
+
+
+def check(plan: Plan, seed: int = 0) -> TritonModel:
+    model = TritonModel(plan, fallback=False)
+    feeds = feeds_for(plan.graph, seed)
+    got, want = model(feeds), run_graph(plan.graph, feeds)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+    return model
+
+
+def pointwise_graph() -> Graph:
+    b = GraphBuilder("pw")
+    x = b.input("x", (3, 5, 7))
+    y = b.input("y", (5, 1))
+    s = b.op("Add", x, y)
+    r = b.op("Relu", b.op("Mul", s, b.const(np.float32(1.5))))
+    w = b.op("Where", b.op("Greater", x, y), r, b.op("Gelu", s))
+    c = b.op("Cast", b.op("Less", s, b.const(np.float32(0.0))), to=1)
+    t = b.op("Transpose", w, perm=(2, 0, 1))
+    return b.build([b.op("Sub", w, c), t])
+
+
+def reduction_graphs() -> list[Graph]:
+    out = []
+    b = GraphBuilder("softmax")
+    x = b.input("x", (2, 3, 10))
+    out.append(b.build([b.op("Mul", b.op("Softmax", b.op("Add", x, x), axis=-1), b.const(np.float32(2.0)))]))
+    b = GraphBuilder("reducesum")
+    x = b.input("x", (4, 6, 5))
+    r = b.op("ReduceSum", b.op("Exp", x), b.const(np.array([1], dtype=np.int64)), keepdims=1)
+    out.append(b.build([b.op("Sqrt", r)]))
+    b = GraphBuilder("layernorm")
+    x = b.input("x", (6, 20))
+    res = b.input("res", (6, 20))
+    scale = b.const(np.linspace(0.5, 1.5, 20, dtype=np.float32))
+    bias = b.const(np.linspace(-1, 1, 20, dtype=np.float32))
+    out.append(b.build([b.op("LayerNormalization", b.op("Add", x, res), scale, bias, axis=-1, epsilon=1e-5)]))
+    return out
+
+
+def gemm_graph() -> Graph:
+    b = GraphBuilder("gemm")
+    a = b.input("a", (2, 20, 24))
+    w = b.const(np.random.default_rng(1).standard_normal((24, 18)).astype(np.float32))
+    bias = b.const(np.random.default_rng(2).standard_normal(18).astype(np.float32))
+    return b.build([b.op("Relu", b.op("Add", b.op("MatMul", a, w), bias))])
+
+
+def test_pointwise_matches_reference() -> None:
+    check(one_group_plan(pointwise_graph(), "multi_output"), seed=1)
+
+
+@pytest.mark.parametrize("graph", reduction_graphs(), ids=lambda g: g.name)
+def test_reduction_matches_reference(graph: Graph) -> None:
+    check(one_group_plan(graph, "reduction"))
+
+
+def test_gemm_epilogue_matches_reference() -> None:
+    model = check(one_group_plan(gemm_graph(), "gemm_epilogue"))
+    assert "tl.dot(" in model.kernels[0].source
+
+
+def test_bert_tiny_fused_plan() -> None:
+    from autofusion.api import optimize
+    from autofusion.models import build, random_inputs
+
+    plan = optimize(build("bert-tiny"))
+    model = TritonModel(plan)
+    templates = {k.group.template for k in model.kernels}
+    assert {"pointwise", "reduction", "gemm_epilogue"} <= templates
+    feeds = random_inputs(plan.graph)
+    got, want = model(feeds), run_graph(plan.graph, feeds)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_unsupported_template_is_a_clear_error() -> None:
+    plan = one_group_plan(gemm_graph(), "horizontal_gemm")
+    with pytest.raises(CodegenError, match="horizontal_gemm"):
+        TritonModel(plan, fallback=False)
+    model = TritonModel(plan)  # falls back to the reference ops
+    assert "g0" in model.fallbacks
+    feeds = feeds_for(plan.graph)
+    np.testing.assert_allclose(model(feeds)[plan.graph.outputs[0]], run_graph(plan.graph, feeds)[plan.graph.outputs[0]],
+                               rtol=1e-5)
+
+
+def test_rendering_is_deterministic() -> None:
+    plan = one_group_plan(reduction_graphs()[2], "reduction")
+    first = render_triton_group(plan.graph, plan.groups[0]).source
+    assert render_triton_group(plan.graph, plan.groups[0]).source == first
+
+
+def test_hostile_names_are_safe() -> None:
+    evil = 'x"); import os; os.system("echo pwned") #\n'
+    b = GraphBuilder("evil")
+    x = b.input(evil, (9,))
+    g = b.build([b.op("Exp", x, name="n\nimport sys")])
+    plan = one_group_plan(g, "pointwise", name="g\n# )(")
+    source = render_triton_group(g, plan.groups[0]).source
+    assert "import os" not in source.replace("# group", "")
+    ast.parse(source)
+    assert py_ident("class", "") != "class" and py_ident("def", "").isidentifier()
+    check(plan)
+
+
+@pytest.mark.parametrize("case", ["pointwise", "softmax", "layernorm", "gemm"])
+def test_golden_snapshots(case: str) -> None:
+    graphs = {"pointwise": (pointwise_graph(), "multi_output"), "softmax": (reduction_graphs()[0], "reduction"),
+              "layernorm": (reduction_graphs()[2], "reduction"), "gemm": (gemm_graph(), "gemm_epilogue")}
+    graph, template = graphs[case]
+    plan = one_group_plan(graph, template)
+    source = render_triton_group(graph, plan.groups[0]).source
+    path = GOLDEN / f"{case}.py"
+    if UPDATE or not path.exists():
+        path.write_text(source)
+    assert source == path.read_text(), f"{path} changed; rerun with AUTOFUSION_UPDATE_GOLDEN=1 if intended"
