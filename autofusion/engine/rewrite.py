@@ -418,6 +418,8 @@ class Extractor:
         roots = [class_of_handle[handle_of[out]] for out in g.outputs]
         for cls in self._post_order(roots):  # children first, so building never recurses deeply
             builder.tensor(cls)
+        for out, cls in zip(g.outputs, roots):  # outputs merged into one e-class keep their own names
+            builder.alias(out, builder.tensor(cls))
         return builder.finish()
 
     def _children(self, cls: str) -> list[str]:
@@ -509,6 +511,11 @@ class _Rebuild:
             name = self._op(cls, nid, single=name)[0]
         self.done[cls] = name
         return name
+
+    def alias(self, output: str, tensor: str) -> None:
+        """Define graph output ``output`` as a copy of ``tensor`` when extraction named it otherwise."""
+        if output != tensor and output not in {o for n in self.nodes for o in n.outputs}:
+            self.nodes.append(Node("Identity", (tensor,), (output,), freeze_attrs({}), self._fresh("alias")))
 
     def _any_op(self, cls: str) -> str:
         return next(n for n in self.s.classes[cls] if self.s.op(n) == "Op")

@@ -49,7 +49,7 @@ def _reduce_ref_axes(xs: Arrays, a: Mapping[str, Any]) -> tuple[int, ...] | None
     axes: Any = xs[1] if len(xs) > 1 and xs[1] is not None else a.get("axes")
     if axes is None or len(np.atleast_1d(axes)) == 0:
         return None
-    return tuple(int(v) % x.ndim for v in np.atleast_1d(axes).tolist())
+    return tuple(sorted({int(v) % x.ndim for v in np.atleast_1d(axes).tolist()}))  # as inference: [-1, 1] is one axis
 
 
 def reduce_op(name: str, fn: Any, flops: float = 1.0) -> OpDef:

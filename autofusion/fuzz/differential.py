@@ -1,0 +1,135 @@
+"""The differential runner: optimise, compile and run each case, compare with the reference.
+
+Each case ends in one of four outcomes: ``ok`` (every backend matches the reference interpreter),
+``mismatch`` (some backend computed a different answer), ``refused`` (the pipeline rejected the
+case with one of its documented errors, e.g. CodegenError for an unsupported op), or ``failure``
+(any other exception: a bug). Mismatches and failures carry the case's seed for replay.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from autofusion.fuzz.generator import FuzzCase, random_case
+from autofusion.ir import run_graph
+
+RTOL = 1e-4
+ATOL = 1e-5
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The outcome of one case; ``detail`` says what differed or what was raised."""
+
+    seed: int
+    strategy: str
+    outcome: str  # ok | mismatch | refused | failure
+    detail: str = ""
+    backend: str = ""
+
+
+@dataclass
+class CampaignReport:
+    """Counts over a campaign; ``mismatches`` and ``failures`` list each case to replay."""
+
+    cases: int = 0
+    ok: int = 0
+    refused: int = 0
+    seconds: float = 0.0
+    mismatches: list[CaseResult] = field(default_factory=list)
+    failures: list[CaseResult] = field(default_factory=list)
+    refusals: dict[str, int] = field(default_factory=dict)  # error type -> count
+    by_strategy: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        """The report as JSON-ready data (``cases``, ``mismatches`` with seeds, ...)."""
+        def rows(results: list[CaseResult]) -> list[dict[str, object]]:
+            return [{"seed": r.seed, "strategy": r.strategy, "backend": r.backend, "detail": r.detail}
+                    for r in results]
+        return {"cases": self.cases, "ok": self.ok, "refused": self.refused, "refusals": self.refusals,
+                "mismatches": rows(self.mismatches), "failures": rows(self.failures),
+                "by_strategy": self.by_strategy, "seconds": round(self.seconds, 3),
+                "cases_per_second": round(self.cases / self.seconds, 3) if self.seconds else 0.0}
+
+
+def refusal_errors() -> tuple[type[BaseException], ...]:
+    """The errors by which the pipeline clearly declines a case (not bugs)."""
+    from autofusion.codegen.errors import CodegenError
+    from autofusion.runtime import CompileError
+
+    return (CodegenError, CompileError)
+
+
+def _compare(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> str:
+    """'' when every output matches, else a description of the first difference."""
+    for name, ref in reference.items():
+        got = actual.get(name)
+        if got is None:
+            return f"{name}: missing"
+        got = np.asarray(got)
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            return f"{name}: got {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"
+        if not np.allclose(got, ref, rtol=RTOL, atol=ATOL, equal_nan=True):
+            err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
+            return f"{name}: max abs error {err:.3g}"
+    return ""
+
+
+def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = None) -> CaseResult:
+    """Optimise ``case`` with its strategy, run it compiled (and unfused now and then), compare."""
+    from autofusion.api import optimize
+    from autofusion.runtime import CompiledModel, UnfusedRunner
+
+    stage = "reference"
+    try:
+        reference = run_graph(case.graph, case.feeds)
+        stage = "optimize"
+        plan = optimize(case.graph, rules, strategy=case.strategy)  # type: ignore[arg-type]
+        stage = "compiled"
+        diff = _compare(reference, CompiledModel(plan, threads=1, cache=cache).run(case.feeds))
+        if diff:
+            return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
+        if case.check_unfused:
+            stage = "unfused"
+            diff = _compare(reference, UnfusedRunner(case.graph, threads=1, cache=cache).run(case.feeds))
+            if diff:
+                return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
+    except refusal_errors() as e:
+        return CaseResult(case.seed, case.strategy, "refused", f"{type(e).__name__}: {e}"[:300], stage)
+    except Exception as e:  # any other exception is a bug, reported with its seed
+        tb = traceback.format_exception(e)[-3:]
+        return CaseResult(case.seed, case.strategy, "failure", f"{type(e).__name__}: {e} | {''.join(tb)}"[:800],
+                          stage)
+    return CaseResult(case.seed, case.strategy, "ok", backend=stage)
+
+
+def run_campaign(cases: int, seed: int, cache: str | Path | None = None, max_ops: int = 7,
+                 rules: object = None) -> CampaignReport:
+    """Run cases ``seed .. seed + cases - 1``; case ``s`` replays alone as ``cases=1, seed=s``."""
+    from autofusion.api import load_ruleset
+
+    report = CampaignReport()
+    t0 = time.perf_counter()
+    rules = load_ruleset(rules)  # type: ignore[arg-type]  # parsed once, not once per case
+    for s in range(seed, seed + cases):
+        case = random_case(s, max_ops)
+        result = run_case(case, cache, rules)
+        report.cases += 1
+        report.by_strategy[case.strategy] = report.by_strategy.get(case.strategy, 0) + 1
+        if result.outcome == "ok":
+            report.ok += 1
+        elif result.outcome == "refused":
+            report.refused += 1
+            kind = result.detail.split(":", 1)[0]
+            report.refusals[kind] = report.refusals.get(kind, 0) + 1
+        elif result.outcome == "mismatch":
+            report.mismatches.append(result)
+        else:
+            report.failures.append(result)
+    report.seconds = time.perf_counter() - t0
+    return report

@@ -1,0 +1,47 @@
+"""Cases the differential fuzzer found; each once failed and must keep passing."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from autofusion.api import optimize
+from autofusion.fuzz import random_case, run_case
+from autofusion.ir import GraphBuilder, run_graph
+from autofusion.runtime import CompiledModel, compare_outputs
+
+CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "exact"])
+def test_outputs_merged_by_saturation_keep_their_names(strategy: str) -> None:
+    # relu(x) and relu(relu(x)) become one e-class: both graph outputs must still be defined
+    b = GraphBuilder("merged")
+    x = b.input("x", (3,))
+    r1 = b.op("Relu", x)
+    r2 = b.op("Relu", x)
+    s = b.op("Softmax", r2, axis=-1)
+    r3 = b.op("Relu", r2)
+    g = b.build([r1, s, r3])
+    feeds = {"x": np.array([-1.0, 0.5, 2.0], np.float32)}
+    plan = optimize(g, strategy=strategy)
+    assert set(plan.graph.outputs) == {r1, s, r3}
+    assert compare_outputs(run_graph(g, feeds), CompiledModel(plan, cache=CACHE).run(feeds)).ok
+
+
+def test_reduce_with_the_same_axis_written_twice_runs_in_the_reference() -> None:
+    # inference accepted axes [-1, 1] on a rank-2 tensor as one axis; the reference raised
+    b = GraphBuilder("axes")
+    x = b.input("x", (2, 3))
+    y = b.op("ReduceMax", x, b.const(np.array([-1, 1], np.int64)), keepdims=1)
+    g = b.build([y])
+    out = run_graph(g, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})[y]
+    assert out.shape == g.types[y].shape == (2, 1)
+
+
+@pytest.mark.parametrize("seed", [11])
+def test_fuzz_seeds_that_once_failed(seed: int) -> None:
+    assert run_case(random_case(seed), CACHE).outcome == "ok"
