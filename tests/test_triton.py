@@ -20,8 +20,10 @@ from autofusion.ir.builder import GraphBuilder
 from autofusion.ir.graph import Graph
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
-torch = pytest.importorskip("torch", reason="the Triton backend needs torch (pip install autofusion[gpu])")
-pytest.importorskip("triton", reason="the Triton backend needs triton (pip install autofusion[gpu])")
+torch = pytest.importorskip("torch", reason="the Triton backend needs torch (pip install autofusion[gpu])",
+                            exc_type=ImportError)
+pytest.importorskip("triton", reason="the Triton backend needs triton (pip install autofusion[gpu])",
+                    exc_type=ImportError)
 
 from autofusion.runtime.triton_runner import TritonModel  # noqa: E402
 
