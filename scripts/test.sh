@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+export TRITON_INTERPRET=1  # Triton kernels run on the CPU interpreter: no GPU needed
 exec .venv/bin/python -m pytest -q "$@"
