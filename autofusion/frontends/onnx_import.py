@@ -12,6 +12,7 @@ bound from ``dims``. Every problem is reported as :class:`OnnxImportError`.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -142,6 +143,9 @@ class _AnyDims(dict):  # type: ignore[type-arg]
         return 1
 
 
+MAX_INPUT_BYTES = 1 << 48  # 256 TiB: a declared input beyond this is a broken model, not a big one
+
+
 def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str, int]) -> dict[str, TensorType]:
     by_name = {v.name: v for v in graph.input}
     types: dict[str, TensorType] = {}
@@ -151,6 +155,10 @@ def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str
         for sym in missing:
             unbound.setdefault(sym, []).append(name)
         if t is not None:
+            nbytes = math.prod(t.shape) * t.dtype.itemsize
+            if nbytes > MAX_INPUT_BYTES:
+                raise OnnxImportError(f"graph input {name!r} declares shape {list(t.shape)} ({nbytes:.3g} bytes), "
+                                      f"beyond any machine's memory: is the model or a --dim binding wrong?")
             types[name] = t
     if unbound:
         listed = ", ".join(f"{sym!r} (in {', '.join(map(repr, users))})" for sym, users in unbound.items())
