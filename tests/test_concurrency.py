@@ -1,0 +1,77 @@
+"""Two processes optimising and compiling the same model at once against one fresh cache directory,
+also after its entries were corrupted: both get correct results and the cache ends consistent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+_CHILD = r"""
+import sys, time
+from pathlib import Path
+import numpy as np
+from autofusion.api import optimize
+from autofusion.ir import GraphBuilder, run_graph
+from autofusion.runtime import CompileCache, CompiledModel, compare_outputs
+
+cache_dir, go = sys.argv[1], Path(sys.argv[2])
+b = GraphBuilder("race")
+x = b.input("x", (8, 16))
+w = b.const(np.linspace(-1, 1, 16 * 12, dtype=np.float32).reshape(16, 12))
+h = b.op("Relu", b.op("Add", b.op("MatMul", x, w), b.const(np.full(12, 0.25, np.float32))))
+g = b.build([b.op("Softmax", b.op("Tanh", h), axis=-1)])
+plan = optimize(g, strategy="dp")
+while not go.exists():  # both processes reach the compiler together
+    time.sleep(0.005)
+cache = CompileCache(cache_dir)
+model = CompiledModel(plan, cache=cache)
+feeds = {"x": np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)}
+report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+assert report.ok, report.summary()
+print(cache.hits, cache.misses, model.library_path)
+"""
+
+
+def _race(cache: Path, go: Path) -> list[str]:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent))
+    go.unlink(missing_ok=True)
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(cache), str(go)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    go.touch()
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        outs.append(out.strip())
+    return outs
+
+
+def _entries(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".sha256")]
+
+
+def test_two_processes_compile_the_same_model_at_once_then_after_corruption(tmp_path: Path) -> None:
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    first = _race(cache, go)
+    libraries = {line.split()[2] for line in first}
+    assert len(libraries) == 1  # one content-addressed entry, shared
+    assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
+    lib = Path(libraries.pop())
+    # damage every entry: flip bytes in the library (same length), garble one sidecar, truncate objects
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    damaged = tmp_path / "damaged"
+    damaged.write_bytes(bytes(data))
+    os.replace(damaged, lib)
+    for entry in _entries(cache):
+        if entry != lib and entry.suffix == ".o":
+            damaged.write_bytes(entry.read_bytes()[:10])
+            os.replace(damaged, entry)
+        elif entry != lib:
+            entry.with_name(entry.name + ".sha256").write_text("0" * 64)
+    second = _race(cache, go)
+    assert all(int(line.split()[1]) >= 1 for line in second)  # each saw the damage as a miss
+    third = _race(cache, go)
+    assert all(int(line.split()[1]) == 0 for line in third)  # the rebuilt entries are intact again
