@@ -5,12 +5,15 @@ was explored, or refuses clearly."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
 
 from autofusion.api import optimize
 from autofusion.codegen import TemplateSet
@@ -120,3 +123,59 @@ def test_a_template_that_does_not_compile_is_a_compile_error_naming_the_source(t
     with pytest.raises(CompileError) as info:
         CompiledModel(plan, cache=tmp_path / "cache", templates=TemplateSet(broken))
     assert "this template is broken" in str(info.value)
+
+
+# ---- hostile names: text chosen to inject C or Python code ends up only as safe identifiers ----
+
+EVIL_TENSOR = 'x*/ system("rm -rf /"); /*'
+EVIL_RULES = """import "core.fuse"
+
+## Doc */ system("rm -rf /"); /* ??= #include <stdio.h> \"\"\" __import__('os').system('x') \"\"\"
+fuse evil_rule: Sigmoid -> Neg -> template "pointwise" (tile_m=64) priority 50
+"""
+
+
+def test_hostile_names_and_rule_files_through_optimize_and_compile(tmp_path: Path) -> None:
+    folder = tmp_path / 'rules"dir*/ system("id"); /*\nnext'  # rule file paths reach kernel comments
+    folder.mkdir(parents=True)
+    path = folder / "evil.fuse"
+    path.write_text(EVIL_RULES)
+    assert not [d for d in check_paths([path]) if d.severity.name == "ERROR"]
+    b = GraphBuilder("evil */ graph")
+    x = b.input(EVIL_TENSOR, (3, 4))
+    s = b.op("Sigmoid", x, name="n*/ int pwned; /*")
+    y = b.op("Neg", s, name="#include <stdio.h>\n\"\"\"; import os #")
+    g = b.build([b.op("Add", y, b.input("a\nb'\"", (4,)), name="q??=\\")])
+    plan = optimize(g, [path])
+    assert any(r.name == "evil_rule" and r.file == str(path) for grp in plan.groups for r in grp.rules)
+    model = CompiledModel(plan, cache=CACHE)
+    code = re.sub(r"/\*.*?\*/", "", model.source.text, flags=re.S)  # user text only inside comments
+    assert "/*" not in code and "*/" not in code
+    code = re.sub(r'^#include "af_runtime.h"$', "", code, flags=re.M)
+    for fragment in ('system("', "pwned", "#include", "??=", "import os", "rules\"dir"):
+        assert fragment not in code, fragment
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(g.types[n].shape).astype(np.float32) for n in g.inputs}
+    assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
+
+
+def test_hostile_names_through_the_triton_backend(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from autofusion.runtime.triton_runner import TritonModel
+
+    b = GraphBuilder('evil""" graph')
+    x = b.input("x'''; import os; os.system('id') #", (3, 4))
+    s = b.op("Sigmoid", x, name='"""\nimport os\n"""')
+    y = b.op("Neg", s, name="lambda: __import__('os')")
+    g = b.build([b.op("Add", y, b.input("a\nb'\"", (4,)), name="q\\")])
+    plan = optimize(g, strategy="greedy")
+    model = TritonModel(plan, directory=tmp_path)
+    assert model.kernels
+    for kernel in model.kernels:
+        code = "\n".join(line.split("#", 1)[0] for line in kernel.source.splitlines())  # outside comments
+        assert "import os" not in code and "os.system" not in code and "__import__" not in code
+        compile(kernel.source, kernel.name, "exec")  # the whole module is still valid Python
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(g.types[n].shape).astype(np.float32) for n in g.inputs}
+    assert compare_outputs(run_graph(g, feeds), model(feeds)).ok
