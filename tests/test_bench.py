@@ -6,6 +6,7 @@ Runs on tiny models with one timed run; no assertion depends on how long anythin
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import math
 import os
@@ -147,6 +148,21 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "median ms" in out and "fused" in out and "reference" in out
     assert "skipped unfused: not in --runners" in out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_goes_to_a_terminal_stderr_only(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    code = main(["bench", "bert-tiny", *FAST, "--runners", "fused", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["runners"]["fused"]["outputs_ok"]
+    assert terminal.getvalue()  # rich drew (and, being transient, erased) its bar there
 
 
 @pytest.mark.parametrize("argv, message", [

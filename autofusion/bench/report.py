@@ -49,6 +49,7 @@ def runner_json(r: RunnerResult) -> dict[str, Any]:
         "median_ms": _num(r.median_ms),
         "peak_bytes": r.peak_bytes,
         "kernels": r.kernels,
+        "min_ms": _num(min(r.times_ms)) if r.times_ms else None,
         "times_ms": [_num(t) for t in r.times_ms],
         "peak_method": r.peak_method,
         "kernels_method": r.kernels_method,

@@ -168,10 +168,12 @@ class _progress:
         if not sys.stderr.isatty():
             self._bar = None
             return NoProgress()
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+        # on stderr, so that stdout stays the table or the JSON object
         self._bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn(),
-                             transient=True)
+                             console=Console(file=sys.stderr, force_terminal=True), transient=True)
         self._bar.__enter__()
         bar = self._bar
 
