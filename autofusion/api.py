@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autofusion.decide.cost import CostModel
+from autofusion.decide.cost import CostModel, default_cost_model
 from autofusion.decide.optimize import decide, graph_kernels
 from autofusion.decide.plan import Plan
 from autofusion.decide.strategies import Strategy
@@ -52,8 +52,10 @@ def optimize(
     limits: Limits | None = None,
     registry: OpRegistry | None = None,
 ) -> Plan:
-    """Rewrite ``graph`` by equality saturation, then choose fused kernels under ``cost_model``."""
+    """Rewrite ``graph`` by equality saturation, then choose fused kernels under ``cost_model``
+    (default: the calibrated model when a calibration file exists, see ``default_cost_model``)."""
     registry = registry or default_registry()
+    cost_model = cost_model or default_cost_model(registry)
     t0 = time.perf_counter()
     ruleset = load_ruleset(rules, registry)
     t1 = time.perf_counter()
@@ -67,6 +69,7 @@ def optimize(
     stats = dict(plan.stats)
     stats.update({
         "kernels_source": graph_kernels(graph, registry),
+        "cost_model_source": str(getattr(cost_model, "source", "")),
         "seconds_rules": t1 - t0,
         "seconds_saturate": (t2 - t1 - rewritten.extract_seconds) + (t3 - t2),
         "seconds_extract": rewritten.extract_seconds + (t4 - t3),

@@ -7,16 +7,29 @@ The analytic model is a roofline per kernel: ``launch + sync + max(bytes / bandw
 where bytes are the kernel's distinct inputs and materialised outputs, bandwidth is the bandwidth of
 the cache level the kernel's working set fits in, and flops count recomputation: a producer inlined
 into a consumer with a larger iteration space (a broadcast) or into a multi-pass reduction is
-computed once per use, not once per element of its own.
+computed once per use, not once per element of its own. The flops of opaque cores (GEMM, conv) run
+at the profile's ``matmul_peak_flops`` and those of pointwise math routines (exp, erf, sin...) at
+its ``math_peak_flops`` when it has them, the rest at ``peak_flops``.
+
+Its three parts can be read apart with :meth:`AnalyticCostModel.terms`: the memory cost (bytes the
+kernel moves, and the bytes fusion saved by keeping intermediates in registers), the compute cost
+(flops including recomputation) and the fixed launch and synchronisation cost.
+
+:func:`default_cost_model` is what the engine uses when the caller names no model: the model of a
+calibration file (``autofusion calibrate`` writes one) when there is one, else the analytic model
+with the shipped ``cpu-2core`` profile.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
@@ -25,6 +38,9 @@ from autofusion.ir.infer import node_context
 from autofusion.ops.registry import OpClass, OpRegistry, default_registry
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+SHIPPED_CALIBRATION = PROFILE_DIR / "calibrated" / "cpu-2core.json"
+CALIBRATION_ENV = "AUTOFUSION_CALIBRATION"
+CALIBRATION_OFF = ("none", "off", "analytic")
 
 # passes a reduction makes over its input (each pass re-evaluates an inlined prologue)
 REDUCTION_PASSES = {"Softmax": 3, "LogSoftmax": 3, "LayerNormalization": 3, "InstanceNormalization": 3}
@@ -48,6 +64,16 @@ class HardwareProfile:
     launch_seconds: float
     sync_seconds: float
     description: str = ""
+    matmul_peak_flops: float | None = None  # rate of opaque cores (GEMM, conv); None: peak_flops
+    math_peak_flops: float | None = None  # rate of pointwise math routines (exp, erf); None: peak_flops
+
+    @property
+    def matmul_flops_rate(self) -> float:
+        return self.matmul_peak_flops or self.peak_flops
+
+    @property
+    def math_flops_rate(self) -> float:
+        return self.math_peak_flops or self.peak_flops
 
     def bandwidth_for(self, working_set: int) -> float:
         """Bandwidth of the smallest cache level the working set fits in (DRAM otherwise)."""
@@ -56,10 +82,31 @@ class HardwareProfile:
                 return c.bandwidth
         return self.dram_bandwidth
 
-    def replace(self, **changes: float) -> HardwareProfile:
+    def level_index(self, working_set: int) -> int:
+        """0 for the first cache level the working set fits in, ..., ``len(caches)`` for DRAM."""
+        for i, c in enumerate(self.caches):
+            if working_set <= c.bytes:
+                return i
+        return len(self.caches)
+
+    @property
+    def bandwidths(self) -> tuple[float, ...]:
+        """Bandwidth per level, cache levels first and DRAM last (indexed by :meth:`level_index`)."""
+        return tuple(c.bandwidth for c in self.caches) + (self.dram_bandwidth,)
+
+    def replace(self, **changes: Any) -> HardwareProfile:
         from dataclasses import replace
 
         return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as the JSON object :meth:`from_json` reads."""
+        data = asdict(self)
+        data["caches"] = [asdict(c) for c in self.caches]
+        for optional in ("matmul_peak_flops", "math_peak_flops"):
+            if data[optional] is None:
+                del data[optional]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> HardwareProfile:  # type: ignore[type-arg]
@@ -72,6 +119,8 @@ class HardwareProfile:
             launch_seconds=float(data["launch_seconds"]),
             sync_seconds=float(data.get("sync_seconds", 0.0)),
             description=str(data.get("description", "")),
+            matmul_peak_flops=float(data["matmul_peak_flops"]) if data.get("matmul_peak_flops") else None,
+            math_peak_flops=float(data["math_peak_flops"]) if data.get("math_peak_flops") else None,
         )
 
     @classmethod
@@ -85,7 +134,7 @@ class HardwareProfile:
         except FileNotFoundError:
             known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
             raise ValueError(f"hardware profile {str(name_or_path)!r} not found (shipped: {known})") from None
-        except (KeyError, ValueError, TypeError) as e:
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"hardware profile {path}: malformed ({e})") from None
 
 
@@ -98,18 +147,33 @@ class CostModel(Protocol):
     def group_cost(self, graph: Graph, nodes: Sequence[str]) -> CostBreakdown: ...
 
 
-NodeWork = dict[str, tuple[int, int, bool, OpClass, str]]
+MATH_FLOPS_PER_ELEMENT = 4  # pointwise ops this dear per element call a math routine (exp, erf, sin...)
+
+
+class NodeCost(NamedTuple):
+    """What one node costs wherever it runs."""
+
+    flops: int
+    numel: int  # elements of its first output
+    view: bool
+    op_class: OpClass
+    op: str
+    math: bool  # a pointwise op that calls a math routine
+
+
+NodeWork = dict[str, NodeCost]
 
 
 def node_work(graph: Graph, registry: OpRegistry) -> NodeWork:
-    """Per node: (flops, numel of first output, is view, class, op)."""
+    """The :class:`NodeCost` of every node."""
     out = {}
     for node in graph.nodes:
         opdef = registry[node.op]
         ctx = node_context(node, graph.types, graph.constants)
         outs = tuple(graph.types[o] for o in node.outputs if o)
         numel = max(1, outs[0].numel) if outs else 1
-        out[node.name] = (opdef.count_flops(ctx, outs), numel, opdef.view, opdef.op_class, node.op)
+        math = opdef.op_class is OpClass.POINTWISE and opdef.flops_per_element >= MATH_FLOPS_PER_ELEMENT
+        out[node.name] = NodeCost(opdef.count_flops(ctx, outs), numel, opdef.view, opdef.op_class, node.op, math)
     return out
 
 
@@ -123,7 +187,7 @@ def evaluations(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str,
     by_name = graph.node_by_name
     for name in sorted(members, key=graph.node_index.__getitem__, reverse=True):
         node = by_name[name]
-        flops, numel, _, op_class, op = work[name]
+        numel, op_class, op = work[name].numel, work[name].op_class, work[name].op
         if any(o in materialised for o in node.outputs):
             demand[name] = max(demand[name], float(numel))
         if op_class is OpClass.OPAQUE:
@@ -142,6 +206,77 @@ def evaluations(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str,
     return demand
 
 
+@dataclass(frozen=True)
+class GroupTerms:
+    """What a kernel does, before any machine constant: the inputs of every cost model.
+
+    ``intermediate_bytes`` are the bytes of values the kernel keeps in registers instead of writing
+    to memory (what fusion saved); ``flops`` count recomputation, ``flops_once`` count each node once.
+    """
+
+    bytes_in: int
+    bytes_out: int
+    intermediate_bytes: int
+    flops: float
+    flops_once: float
+    kernels: int  # 0 for a group of views only (no kernel runs), else 1
+    matmul_flops: float = 0.0  # the part of ``flops`` done by opaque cores (GEMM, conv)
+    math_flops: float = 0.0  # the part done by pointwise math routines (exp, tanh, erf...)
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_in + self.bytes_out
+
+    @property
+    def recompute_flops(self) -> float:
+        """Extra work the fused kernel does by evaluating inlined producers more than once."""
+        return max(0.0, self.flops - self.flops_once)
+
+
+def group_terms(graph: Graph, nodes: Sequence[str], work: NodeWork) -> GroupTerms:
+    """The :class:`GroupTerms` of running ``nodes`` as one kernel."""
+    if all(work[n][2] for n in nodes):
+        return GroupTerms(0, 0, 0, 0.0, 0.0, 0)
+    inputs, outputs = group_io(graph, nodes)
+    bytes_in = sum(graph.types[t].nbytes for t in inputs)
+    bytes_out = sum(graph.types[t].nbytes for t in outputs)
+    materialised = set(outputs)
+    by_name = graph.node_by_name
+    kept = sum(graph.types[o].nbytes for n in nodes if not work[n][2]
+               for o in by_name[n].outputs if o and o not in materialised)
+    demand = evaluations(graph, nodes, work)
+    flops = sum(work[n][0] * demand[n] / work[n][1] for n in nodes)
+    once = float(sum(work[n][0] for n in nodes))
+    matmul = sum(work[n].flops * demand[n] / work[n].numel for n in nodes if work[n].op_class is OpClass.OPAQUE)
+    math = sum(work[n].flops * demand[n] / work[n].numel for n in nodes if work[n].math)
+    return GroupTerms(int(bytes_in), int(bytes_out), int(kept), float(flops), once, 1, float(matmul), float(math))
+
+
+@dataclass(frozen=True)
+class AnalyticSeconds:
+    """The analytic model's prediction split into its parts; ``total`` is what plans add up."""
+
+    memory: float
+    compute: float
+    launch: float
+    sync: float
+
+    @property
+    def total(self) -> float:
+        return self.launch + self.sync + max(self.memory, self.compute)
+
+
+def analytic_seconds(terms: GroupTerms, profile: HardwareProfile) -> AnalyticSeconds:
+    """Roofline of one kernel under ``profile`` (all zero for a kernel that does not run)."""
+    if terms.kernels == 0:
+        return AnalyticSeconds(0.0, 0.0, 0.0, 0.0)
+    plain = terms.flops - terms.matmul_flops - terms.math_flops
+    compute = (plain / profile.peak_flops + terms.matmul_flops / profile.matmul_flops_rate
+               + terms.math_flops / profile.math_flops_rate)
+    return AnalyticSeconds(terms.bytes / profile.bandwidth_for(terms.bytes), compute,
+                           profile.launch_seconds, profile.sync_seconds)
+
+
 class AnalyticCostModel:
     """Roofline per kernel with launch and sync overheads, from a :class:`HardwareProfile`."""
 
@@ -149,6 +284,7 @@ class AnalyticCostModel:
         self.profile = profile or HardwareProfile.load("cpu-2core")
         self.registry = registry or default_registry()
         self.name = f"analytic:{self.profile.name}"
+        self.source = "" if profile else "shipped profile cpu-2core"  # where the constants came from
         self._work: tuple[Graph, NodeWork] | None = None  # per graph object: hashing one hashes every weight
 
     def work(self, graph: Graph) -> NodeWork:
@@ -156,19 +292,71 @@ class AnalyticCostModel:
             self._work = (graph, node_work(graph, self.registry))
         return self._work[1]
 
+    def terms(self, graph: Graph, nodes: Sequence[str]) -> GroupTerms:
+        """Bytes, saved bytes and flops (with recomputation) of ``nodes`` as one kernel."""
+        return group_terms(graph, nodes, self.work(graph))
+
+    def seconds(self, graph: Graph, nodes: Sequence[str]) -> AnalyticSeconds:
+        """The prediction split into memory, compute, launch and sync seconds."""
+        return analytic_seconds(self.terms(graph, nodes), self.profile)
+
     def group_cost(self, graph: Graph, nodes: Sequence[str]) -> CostBreakdown:
-        work = self.work(graph)
-        if all(work[n][2] for n in nodes):
+        terms = self.terms(graph, nodes)
+        if terms.kernels == 0:
             return CostBreakdown(0.0, 0, 0, 0, self.name)  # views move no data and launch nothing
-        inputs, outputs = group_io(graph, nodes)
-        nbytes = sum(graph.types[t].nbytes for t in inputs) + sum(graph.types[t].nbytes for t in outputs)
-        demand = evaluations(graph, nodes, work)
-        flops = 0.0
-        for n in nodes:
-            f, numel, _, _, _ = work[n]
-            flops += f * demand[n] / numel
-        p = self.profile
-        seconds = p.launch_seconds + p.sync_seconds + max(nbytes / p.bandwidth_for(nbytes), flops / p.peak_flops)
-        return CostBreakdown(seconds, int(nbytes), int(flops), 1, self.name)
+        seconds = analytic_seconds(terms, self.profile).total
+        return CostBreakdown(seconds, terms.bytes, int(terms.flops), 1, self.name)
 
 
+# -- the default model --------------------------------------------------------------------------
+
+
+def user_calibration_path() -> Path:
+    """Where ``autofusion calibrate`` writes by default: ``$AUTOFUSION_CACHE`` or ``~/.cache/autofusion``."""
+    env = os.environ.get("AUTOFUSION_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "autofusion"
+    return root / "calibration.json"
+
+
+def calibration_file() -> Path | None:
+    """The calibration the engine uses by default, first found of: ``$AUTOFUSION_CALIBRATION`` (a
+    path; ``none`` turns calibration off), the user's calibration (:func:`user_calibration_path`),
+    the calibration shipped for the 2-core CPU profile."""
+    env = os.environ.get(CALIBRATION_ENV, "").strip()
+    if env.lower() in CALIBRATION_OFF:
+        return None
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_file():
+            raise ValueError(f"${CALIBRATION_ENV} names {env!r}, which is not a file "
+                             f"(run `autofusion calibrate --out {env}` or unset it)")
+        return path
+    user = user_calibration_path()
+    if user.is_file():
+        return user
+    return SHIPPED_CALIBRATION if SHIPPED_CALIBRATION.is_file() else None
+
+
+def default_cost_model(registry: OpRegistry | None = None) -> CostModel:
+    """The calibrated model of :func:`calibration_file` (the kind its fit chose), else the analytic
+    model with the shipped ``cpu-2core`` profile. A broken user calibration falls back with a warning;
+    a broken file named by ``$AUTOFUSION_CALIBRATION`` is an error."""
+    path = calibration_file()
+    if path is None:
+        return AnalyticCostModel(registry=registry)
+    try:
+        stat = path.stat()
+        return _cached_calibration(str(path), stat.st_mtime_ns, stat.st_size).cost_model(registry=registry)
+    except ValueError as e:
+        if os.environ.get(CALIBRATION_ENV, "").strip():
+            raise
+        warnings.warn(f"{e}; using the uncalibrated analytic model", RuntimeWarning, stacklevel=2)
+        return AnalyticCostModel(registry=registry)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_calibration(path: str, mtime_ns: int, size: int) -> Any:
+    """A calibration file read once per version of it (the engine may plan many graphs)."""
+    from autofusion.decide.learned import load_calibration
+
+    return load_calibration(path)

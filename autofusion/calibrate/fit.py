@@ -1,0 +1,126 @@
+"""Fitting the analytic profile's constants to measured kernel times, and scoring predictions.
+
+The analytic model predicts ``overhead + max(bytes / bandwidth[level], flops / peak)`` per kernel.
+Its constants (the per-kernel overhead, the bandwidth of every cache level that measured kernels'
+working sets fell in, the peak flop rate) are fitted by robust least squares on log time, so a
+10 microsecond kernel weighs as much as a 10 millisecond one. A level no kernel fell in keeps the
+prior profile's value scaled like the nearest fitted level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+from scipy.stats import kendalltau
+
+from autofusion.decide.cost import CacheLevel, GroupTerms, HardwareProfile
+
+MIN_PER_LEVEL = 3  # kernels needed in a cache level to fit its bandwidth
+BW = 4  # index of the first bandwidth parameter: overhead, peak, matmul peak and math peak come first
+PRIOR_WEIGHT = 0.05  # pull of each log-constant towards the prior profile, against one kernel's log error
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """How well predictions order and size measured times."""
+
+    kendall_tau: float
+    median_rel_error: float
+    samples: int
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"kendall_tau": self.kendall_tau, "median_rel_error": self.median_rel_error, "samples": self.samples}
+
+
+def accuracy(predicted: Sequence[float], measured: Sequence[float]) -> Accuracy:
+    """Kendall tau between predicted and measured times, and the median of ``|pred - meas| / meas``."""
+    p = np.asarray(predicted, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    if len(p) != len(m) or len(p) < 2:
+        raise ValueError(f"need at least 2 predicted/measured pairs, got {len(p)} and {len(m)}")
+    tau = kendalltau(p, m).statistic
+    return Accuracy(0.0 if math.isnan(tau) else float(tau), float(np.median(np.abs(p - m) / m)), len(p))
+
+
+def pair_agreement(predicted: Sequence[Sequence[float]], measured: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """Over every pair of alternative plans of the same region: the fraction the prediction orders
+    like the measurement, and the number of pairs."""
+    agree = total = 0
+    for pred, meas in zip(predicted, measured):
+        for i in range(len(pred)):
+            for j in range(i + 1, len(pred)):
+                total += 1
+                agree += (pred[i] < pred[j]) == (meas[i] < meas[j])
+    return (agree / total if total else 0.0), total
+
+
+def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: HardwareProfile,
+                launch_seconds: float, name: str, description: str) -> HardwareProfile:
+    """The profile whose analytic predictions best match ``seconds`` (log least squares).
+
+    Parameters are the per-kernel overhead, the plain, matmul and math-routine flop rates and the
+    bandwidths, all on a log scale with a weak pull towards ``prior`` (so a constant the data cannot
+    see, such as the bandwidth of a level where every kernel was compute-bound, stays near its
+    prior). The matmul and math rates are fitted only when enough kernels contain an opaque core or
+    a math routine. ``launch_seconds`` (measured separately) is the launch part of the fitted
+    per-kernel overhead; the rest is synchronisation.
+    """
+    if len(terms) != len(seconds) or len(terms) < 4:
+        raise ValueError(f"need at least 4 measured kernels to fit a profile, got {len(terms)}")
+    nbytes = np.array([t.bytes for t in terms], dtype=np.float64)
+    matmul = np.array([t.matmul_flops for t in terms], dtype=np.float64)
+    math_ = np.array([t.math_flops for t in terms], dtype=np.float64)
+    plain = np.array([t.flops for t in terms], dtype=np.float64) - matmul - math_
+    level = np.array([prior.level_index(t.bytes) for t in terms])
+    target = np.log(np.asarray(seconds, dtype=np.float64))
+    levels = len(prior.bandwidths)
+    fitted = [lv for lv in range(levels) if int((level == lv).sum()) >= MIN_PER_LEVEL]
+    if not fitted:
+        raise ValueError("no cache level has enough measured kernels to fit its bandwidth")
+    fit_matmul = int((matmul > 0).sum()) >= MIN_PER_LEVEL
+    fit_math = int((math_ > 0).sum()) >= MIN_PER_LEVEL
+    prior_bw = np.array(prior.bandwidths)
+    slow = list(reversed(fitted))  # fitted levels, slowest first
+
+    def bandwidths(params: np.ndarray) -> np.ndarray:
+        # params[BW] is the slowest fitted level's log bandwidth; each faster one adds a log step >= 0
+        bw = prior_bw.copy()
+        log_bw = params[BW]
+        for k, lv in enumerate(slow):
+            log_bw += params[BW + k] if k else 0.0
+            bw[lv] = math.exp(log_bw)
+        for lv in range(levels):
+            if lv not in fitted:
+                near = min(fitted, key=lambda f: abs(f - lv))
+                bw[lv] = prior_bw[lv] * bw[near] / prior_bw[near]
+        return np.minimum.accumulate(bw)  # a slower level never moves data faster than a faster one
+
+    def predict(params: np.ndarray) -> np.ndarray:
+        matmul_rate = math.exp(params[2] if fit_matmul else params[1])
+        math_rate = math.exp(params[3] if fit_math else params[1])
+        compute = plain / math.exp(params[1]) + matmul / matmul_rate + math_ / math_rate
+        return math.exp(params[0]) + np.maximum(nbytes / bandwidths(params)[level], compute)
+
+    steps = [max(0.0, math.log(prior_bw[a] / prior_bw[b])) for b, a in zip(slow, slow[1:])]
+    start = np.array([math.log(max(prior.launch_seconds + prior.sync_seconds, 1e-8)), math.log(prior.peak_flops),
+                      math.log(prior.matmul_flops_rate), math.log(prior.math_flops_rate), math.log(prior_bw[slow[0]]),
+                      *steps])
+
+    def residual(params: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.log(predict(params)) - target, PRIOR_WEIGHT * (params - start)])
+
+    lower = np.full(len(start), -np.inf)
+    lower[BW + 1:] = 0.0
+    params = least_squares(residual, start, bounds=(lower, np.inf), loss="soft_l1", f_scale=0.3, max_nfev=2000).x
+    overhead = math.exp(params[0])
+    bw = bandwidths(params)
+    launch = min(max(0.0, launch_seconds), overhead)
+    caches = tuple(CacheLevel(c.level, c.bytes, float(bw[i])) for i, c in enumerate(prior.caches))
+    matmul_peak = float(math.exp(params[2])) if fit_matmul else prior.matmul_peak_flops
+    math_peak = float(math.exp(params[3])) if fit_math else prior.math_peak_flops
+    return HardwareProfile(name, float(math.exp(params[1])), caches, float(bw[-1]), launch, overhead - launch,
+                           description, matmul_peak, math_peak)

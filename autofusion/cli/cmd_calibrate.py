@@ -1,0 +1,180 @@
+"""``autofusion calibrate``: time generated kernels, fit the cost models, save them for the engine.
+
+``--report`` prints the held-out accuracy of both models, ``--json`` prints it as one JSON object
+(per model: ``kendall_tau``, ``median_rel_error``, ``pair_agreement``), and ``--show [FILE]``
+prints the report stored in an existing calibration file without measuring anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from autofusion.cli.common import CliError, Output, positive_int
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure kernels with the C backend and fit the cost models to them",
+        description="Generate and time a spread of kernels (pointwise chains, reductions, GEMM epilogues, "
+                    "broadcasts) with the C backend, fit the analytic profile's constants and a learned "
+                    "model, score both on held-out kernels, and write the calibration file the engine "
+                    "loads by default.")
+    p.add_argument("--budget", type=_positive_float, default=150.0, metavar="SECONDS",
+                   help="wall-clock time for measuring (default 150)")
+    p.add_argument("--kernels", type=positive_int, default=400, metavar="N",
+                   help="at most N single kernels to time (default 400)")
+    p.add_argument("--regions", type=_non_negative_int, default=60, metavar="N",
+                   help="at most N regions whose alternative plans are timed (default 60)")
+    p.add_argument("--max-elements", type=positive_int, default=1 << 22, metavar="N",
+                   help="largest tensor of a generated kernel, in elements (default 4194304)")
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="threads the kernels run on (default: the runtime's, $OMP_NUM_THREADS or 2)")
+    p.add_argument("--statistic", choices=("median", "min"), default="median",
+                   help="how repeated runs of a kernel are summed up (default median; min is steadier on a "
+                        "machine busy with other work)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the kernel generator (default 0)")
+    p.add_argument("--name", default="cpu-2core", help="name of the fitted profile (default cpu-2core)")
+    p.add_argument("--prior", default="cpu-2core", metavar="PROFILE",
+                   help="profile (name or JSON file) giving cache sizes and starting values (default cpu-2core)")
+    p.add_argument("--out", metavar="FILE",
+                   help="calibration file to write (default: the user calibration the engine loads, "
+                        "$AUTOFUSION_CACHE/calibration.json or ~/.cache/autofusion/calibration.json)")
+    p.add_argument("--profile-out", metavar="FILE", help="also write the fitted hardware profile as its own JSON")
+    p.add_argument("--cache", metavar="DIR", help="compile cache directory (default the runtime's)")
+    p.add_argument("--report", action="store_true", help="print the held-out accuracy of both models")
+    p.add_argument("--json", action="store_true", help="print the accuracy report as one JSON object")
+    p.add_argument("--show", nargs="?", const="", metavar="FILE",
+                   help="print the report of an existing calibration file (default: the one the engine uses) "
+                        "instead of measuring")
+    p.set_defaults(func=run)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from autofusion.decide.cost import HardwareProfile, calibration_file, user_calibration_path
+    from autofusion.decide.learned import Calibration, load_calibration
+
+    out = Output()
+    if args.show is not None:
+        try:
+            path = Path(args.show) if args.show else calibration_file()
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        if path is None:
+            raise CliError("no calibration file in use ($AUTOFUSION_CALIBRATION turns it off); name one with --show FILE")
+        try:
+            calibration = load_calibration(path)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        _print_report(out, calibration, "calibration:", str(path), as_json=args.json, full=True)
+        return 0
+    try:
+        HardwareProfile.load(args.prior)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    calibration = _calibrate(args)
+    target = Path(args.out) if args.out else user_calibration_path()
+    try:
+        calibration.save(target)
+        if args.profile_out:
+            import json
+
+            Path(args.profile_out).write_text(json.dumps(calibration.profile.to_json(), indent=2) + "\n")
+    except OSError as e:
+        raise CliError(f"cannot write the calibration: {e.strerror or e}: {e.filename or target}") from None
+    assert isinstance(calibration, Calibration)
+    _print_report(out, calibration, "calibration written to", str(target), as_json=args.json,
+                  full=args.report)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> Any:
+    from autofusion.calibrate import CalibrationError, CalibrationOptions, TimingOptions, calibrate
+
+    options = CalibrationOptions(budget_seconds=args.budget, kernels=args.kernels, regions=args.regions,
+                                 max_elements=args.max_elements, seed=args.seed, name=args.name, prior=args.prior,
+                                 timing=TimingOptions(threads=args.threads, statistic=args.statistic),
+                                 cache_dir=args.cache)
+    _warn_if_busy(args.statistic)
+    try:
+        if sys.stderr.isatty():
+            return _with_progress_bar(options)
+        return calibrate(options)
+    except CalibrationError as e:
+        raise CliError(str(e)) from None
+
+
+def _warn_if_busy(statistic: str) -> None:
+    """Other processes inflate timings: say so when the load average exceeds half the cores."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return
+    cores = os.cpu_count() or 1
+    if load > cores / 2:
+        hint = "" if statistic == "min" else "; --statistic min is steadier under load"
+        print(f"autofusion: warning: load average {load:.1f} on {cores} cores: other processes will make "
+              f"timings noisy{hint}", file=sys.stderr)
+
+
+def _with_progress_bar(options: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autofusion.calibrate import calibrate
+
+    columns = (TextColumn("[bold]calibrating[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn(f"of {options.budget_seconds:.0f}s"), TextColumn("{task.description}"))
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("", total=options.kernels + options.regions)
+
+        def update(what: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=what[:48])
+
+        return calibrate(options, update)
+
+
+def _print_report(out: Output, calibration: Any, heading: str, path: str, as_json: bool, full: bool) -> None:
+    report = dict(calibration.report)
+    if as_json:
+        out.json({**report, "file": path, "profile": calibration.profile.to_json(), "machine": calibration.machine})
+        return
+    learned, analytic = report.get("learned", {}), report.get("analytic", {})
+    out.line(f"{heading} {path}")
+    out.line(f"default model: {report.get('default_model', calibration.default)}; learned tau "
+             f"{learned.get('kendall_tau', float('nan')):.3f} (target {report.get('target_tau', 0.8)}: "
+             f"{'met' if report.get('target_met') else 'not met'})")
+    if not full:
+        return
+    rows = [(kind, r.get("kendall_tau", 0.0), r.get("median_rel_error", 0.0), r.get("pair_agreement", 0.0),
+             r.get("pairs", 0), r.get("name", kind)) for kind, r in (("analytic", analytic), ("learned", learned))]
+    out.table(f"held-out accuracy ({report.get('heldout_kernels', 0)} kernels, trained on "
+              f"{report.get('train_kernels', 0)}; {report.get('regions', 0)} regions)",
+              ("model", "kendall tau", "median rel error", "pair agreement", "pairs", "name"), rows)
+    p = calibration.profile
+    out.fields("fitted profile", [("peak flop/s", p.peak_flops)]
+               + [(f"{c.level} bandwidth (<= {c.bytes:,} B)", c.bandwidth) for c in p.caches]
+               + [("DRAM bandwidth", p.dram_bandwidth), ("launch seconds", p.launch_seconds),
+                  ("sync seconds", p.sync_seconds)])
