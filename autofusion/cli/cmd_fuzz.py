@@ -18,6 +18,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the first case (default 0)")
     p.add_argument("--max-ops", type=positive_int, default=7, metavar="K", help="most generated ops per graph")
     p.add_argument("--cache", metavar="DIR", help="compile cache directory (default: the usual cache)")
+    p.add_argument("--triton", action="store_true",
+                   help="also run each plan through the Triton backend (interpreted on the CPU; needs torch and triton)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -25,7 +27,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from autofusion.fuzz import run_campaign
 
-    report = run_campaign(args.cases, args.seed, cache=args.cache, max_ops=args.max_ops)
+    report = run_campaign(args.cases, args.seed, cache=args.cache, max_ops=args.max_ops, triton=args.triton)
     out = Output()
     if args.json:
         out.json(report.to_json())

@@ -8,10 +8,12 @@ case with one of its documented errors, e.g. CodegenError for an unsupported op)
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,8 +82,10 @@ def _compare(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray]) ->
     return ""
 
 
-def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = None) -> CaseResult:
-    """Optimise ``case`` with its strategy, run it compiled (and unfused now and then), compare."""
+def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = None,
+             triton: bool = False) -> CaseResult:
+    """Optimise ``case`` with its strategy, run it compiled (and unfused now and then), compare;
+    with ``triton`` also through the Triton backend (under ``TRITON_INTERPRET=1`` on the CPU)."""
     from autofusion.api import optimize
     from autofusion.runtime import CompiledModel, UnfusedRunner
 
@@ -99,6 +103,11 @@ def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = No
             diff = _compare(reference, UnfusedRunner(case.graph, threads=1, cache=cache).run(case.feeds))
             if diff:
                 return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
+        if triton:
+            stage = "triton"
+            diff = _compare(reference, _triton_model(plan)(case.feeds))
+            if diff:
+                return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
     except refusal_errors() as e:
         return CaseResult(case.seed, case.strategy, "refused", f"{type(e).__name__}: {e}"[:300], stage)
     except Exception as e:  # any other exception is a bug, reported with its seed
@@ -108,8 +117,15 @@ def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = No
     return CaseResult(case.seed, case.strategy, "ok", backend=stage)
 
 
+def _triton_model(plan: object) -> Any:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+    from autofusion.runtime.triton_runner import TritonModel
+
+    return TritonModel(plan, fallback=True)  # type: ignore[arg-type]
+
+
 def run_campaign(cases: int, seed: int, cache: str | Path | None = None, max_ops: int = 7,
-                 rules: object = None) -> CampaignReport:
+                 rules: object = None, triton: bool = False) -> CampaignReport:
     """Run cases ``seed .. seed + cases - 1``; case ``s`` replays alone as ``cases=1, seed=s``."""
     from autofusion.api import load_ruleset
 
@@ -118,7 +134,7 @@ def run_campaign(cases: int, seed: int, cache: str | Path | None = None, max_ops
     rules = load_ruleset(rules)  # type: ignore[arg-type]  # parsed once, not once per case
     for s in range(seed, seed + cases):
         case = random_case(s, max_ops)
-        result = run_case(case, cache, rules)
+        result = run_case(case, cache, rules, triton)
         report.cases += 1
         report.by_strategy[case.strategy] = report.by_strategy.get(case.strategy, 0) + 1
         if result.outcome == "ok":

@@ -13,6 +13,7 @@ from autofusion.fuzz import random_case, run_case
 from autofusion.ir import GraphBuilder, run_graph
 from autofusion.runtime import CompiledModel, compare_outputs
 
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
 CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
 
 
@@ -45,3 +46,10 @@ def test_reduce_with_the_same_axis_written_twice_runs_in_the_reference() -> None
 @pytest.mark.parametrize("seed", [11])
 def test_fuzz_seeds_that_once_failed(seed: int) -> None:
     assert run_case(random_case(seed), CACHE).outcome == "ok"
+
+
+@pytest.mark.parametrize("seed", [211, 319])  # ReduceMax and LayerNormalization over rows of one element
+def test_triton_reductions_over_rows_of_one_element(seed: int) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    assert run_case(random_case(seed), CACHE, triton=True).outcome == "ok"

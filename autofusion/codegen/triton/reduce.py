@@ -86,7 +86,8 @@ def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
     for t in ex.group.outputs:
         out_shape = ex.graph.type_of(t).shape
         if out_shape == shape:
-            stores.append(f"tl.store({names(t)} + {ix.linear(full, shape)}, {ex.value(t, full)}, mask=mask)")
+            lane = " + 0 * j" if length == 1 else ""  # rows of one element: the index has no j, the mask has
+            stores.append(f"tl.store({names(t)} + {ix.linear(full, shape)}{lane}, {ex.value(t, full)}, mask=mask)")
         elif out_shape == tuple(1 if d in axes else n for d, n in enumerate(shape)):
             stores.append(f"tl.store({names(t)} + {ix.linear(keep, out_shape)}, {ex.value(t, keep)})")
         elif out_shape == tuple(shape[d] for d in row_dims):
