@@ -179,3 +179,35 @@ def test_hostile_names_through_the_triton_backend(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal(g.types[n].shape).astype(np.float32) for n in g.inputs}
     assert compare_outputs(run_graph(g, feeds), model(feeds)).ok
+
+
+# ---- pathological rule files: diagnostics only (no internal error F024), within a generous budget ----
+
+PATHOLOGICAL = {
+    "deep_parens": "rewrite r: " + "Neg(" * 3000 + "x" + ")" * 3000 + " => x\n",
+    "deep_not": "rewrite r: Relu(x) => Relu(x) where " + "not " * 3000 + "rank(x) == 2\n",
+    "huge_int_in_guard": "rewrite r: Relu(x) => Relu(x) where dim(x, " + "9" * 5000 + ") > 1\n",
+    "huge_int_priority": 'fuse f: Relu -> Tanh -> template "pointwise" priority ' + "9" * 5000 + "\n",
+    "huge_int_attr": "rewrite r: Transpose(x, perm=[" + "9" * 5000 + ", 0]) => x\n",
+    "huge_float": "rewrite r: Add(x, " + "9" * 400 + ".5e99999) => x\n",
+    "many_rules": "".join(f"rewrite r{i}: Neg(Neg(x)) => x\n" for i in range(300)),
+    "long_name": "rewrite " + "a" * 100_000 + ": Neg(Neg(x)) => x\n",
+    "open_parens": "(" * 50_000,
+    "wide_class": "class c = " + " | ".join(["Relu"] * 5000) + "\n",
+    "long_guard_chain": "rewrite r: Relu(x) => Relu(x) where " + " and ".join(["rank(x) == 2"] * 3000) + "\n",
+    "nul_byte": "rewrite r: Relu(x)\x00 => x\n",
+}
+CPU_SECONDS_PER_FILE = 30.0  # generous: the slowest of these takes a small fraction of it
+
+
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
+def test_pathological_rule_files_give_diagnostics_in_bounded_time(name: str) -> None:
+    import time
+
+    from autofusion.dsl import analyze_text
+
+    start = time.process_time()
+    diags = analyze_text(PATHOLOGICAL[name], "fuzz.fuse", verify=True).diagnostics
+    spent = time.process_time() - start
+    assert not [d.message for d in diags if d.code == "F024"]
+    assert spent < CPU_SECONDS_PER_FILE, spent

@@ -58,6 +58,8 @@ class Statement:
     member_spans: tuple[Span, ...] = ()
     broken: bool = False  # lowering already found an error in it
 
+MAX_INT_DIGITS = 4000  # below Python's int/str conversion limit (4300 digits)
+
 
 class Lowerer:
     """Lowers the statements of one file; problems go to ``sink``."""
@@ -154,7 +156,7 @@ class Lowerer:
             return 0
         sign_int = tree.children[0]
         text = "".join(str(t) for t in sign_int.children if t is not None)
-        return int(text)
+        return self.integer(text, tree)
 
     # -- bodies ---------------------------------------------------------------------------------
 
@@ -208,7 +210,7 @@ class Lowerer:
         if index is not None:
             tok = index.children[0]
             if getattr(tok, "type", "") == "INT":
-                output = int(str(tok))
+                output = self.integer(str(tok), tree)
             else:
                 step_index = tok
         span = self.span(tree)
@@ -290,7 +292,15 @@ class Lowerer:
 
     def number(self, tree: Tree) -> int | float:
         text = "".join(str(t) for t in tree.children if t is not None)
-        return int(text) if getattr(tree.children[-1], "type", "") == "INT" else float(text)
+        return self.integer(text, tree) if getattr(tree.children[-1], "type", "") == "INT" else float(text)
+
+    def integer(self, text: str, tree: Tree) -> int:
+        """An integer literal; one too long for Python to convert is a syntax error, not a crash."""
+        if len(text.lstrip("+-")) > MAX_INT_DIGITS:
+            self.sink.add("F001", f"integer literal of {len(text)} digits is too long (at most {MAX_INT_DIGITS})",
+                          self.span(tree))
+            return 0
+        return int(text)
 
     def const_value(self, tree: Tree | Token) -> Any:
         if isinstance(tree, Token):
@@ -352,7 +362,9 @@ class Lowerer:
             return g.Index(self.expr(ch[0]), self.expr(ch[1]), span)
         if d == "number":
             text = str(ch[0])
-            return g.IntLit(int(text), span) if getattr(ch[0], "type", "") == "INT" else g.FloatLit(float(text), span)
+            if getattr(ch[0], "type", "") == "INT":
+                return g.IntLit(self.integer(text, tree), span)
+            return g.FloatLit(float(text), span)
         if d == "string":
             return g.StrLit(_unquote(str(ch[0])), span)
         if d in ("true", "false"):
