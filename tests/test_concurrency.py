@@ -1,5 +1,5 @@
 """Two processes optimising and compiling the same model at once against one fresh cache directory,
-also after its entries were corrupted: both get correct results and the cache ends consistent."""
+also after its entries were corrupted, and a cache on a read-only filesystem: correct results in each case."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autofusion.api import optimize
+from autofusion.ir import GraphBuilder, run_graph
+from autofusion.runtime import CompileCache, CompiledModel, compare_outputs
 
 _CHILD = r"""
 import sys, time
@@ -75,3 +82,18 @@ def test_two_processes_compile_the_same_model_at_once_then_after_corruption(tmp_
     assert all(int(line.split()[1]) >= 1 for line in second)  # each saw the damage as a miss
     third = _race(cache, go)
     assert all(int(line.split()[1]) == 0 for line in third)  # the rebuilt entries are intact again
+
+
+def test_cache_on_a_read_only_filesystem_falls_back_and_computes_correctly() -> None:
+    # permission bits do not stop root; a read-only filesystem stops everyone
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs a read-only filesystem at /proc")
+    cache = CompileCache("/proc/autofusion-cache")
+    assert cache.fallback and cache.requested == Path("/proc/autofusion-cache")
+    b = GraphBuilder("ro")
+    x = b.input("x", (5, 7))
+    g = b.build([b.op("Sigmoid", b.op("Mul", x, b.const(np.float32(1.5))))])
+    feeds = {"x": np.linspace(-3, 3, 35, dtype=np.float32).reshape(5, 7)}
+    model = CompiledModel(optimize(g), cache=cache)
+    assert model.library_path.is_relative_to(cache.root)
+    assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
