@@ -83,3 +83,16 @@ def test_triton_backend_agrees_on_a_few_cases() -> None:
     pytest.importorskip("triton")
     report = run_campaign(3, 500, cache=CACHE, triton=True)
     assert report.cases == 3 and not report.mismatches and not report.failures, report.to_json()
+
+
+def test_a_documented_refusal_is_counted_not_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autofusion.runtime
+    from autofusion.codegen.errors import CodegenError
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise CodegenError("group k0: no template renders this dtype")
+
+    monkeypatch.setattr(autofusion.runtime, "CompiledModel", refuse)
+    report = run_campaign(2, 60, cache=CACHE)
+    assert report.refused == 2 and report.refusals == {"CodegenError": 2}
+    assert not report.failures and not report.mismatches and report.to_json()["refused"] == 2
