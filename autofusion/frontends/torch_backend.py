@@ -1,0 +1,151 @@
+"""A TorchDynamo backend: ``torch.compile(model, backend="autofusion")``.
+
+The FX graph Dynamo captures is split into maximal runs of supported nodes
+(:func:`autofusion.frontends.torch_fx.is_convertible`); each run is converted to the IR, fused with
+:func:`autofusion.api.optimize` and compiled by the C backend (:class:`autofusion.runtime.CompiledModel`).
+Everything else, and any run whose conversion or compilation fails, stays in eager PyTorch.
+
+Parameters and buffers are frozen: their values are copied into the compiled kernels when the
+graph is compiled, so later changes to the module's weights are not seen (recompile instead).
+Inference only: compiled parts do not record gradients.
+
+Registered through the ``torch_dynamo_backends`` entry point; torch is imported only when called.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from autofusion.frontends.torch_fx import FxConversionError, example_value, fx_to_graph, is_convertible
+
+
+class AutofusionFallbackWarning(UserWarning):
+    """A supported-looking partition could not be compiled and runs in eager PyTorch instead."""
+
+
+class AutofusionSubmodule:
+    """Runs one compiled partition: torch tensors in, float32 numpy through the C library, torch tensors out."""
+
+    def __init__(self, model: Any, input_names: Sequence[str], runtime_positions: Sequence[int],
+                 output_names: Sequence[str], single_output: bool) -> None:
+        self.model = model
+        self.input_names = tuple(input_names)
+        self.runtime_positions = tuple(runtime_positions)
+        self.output_names = tuple(output_names)
+        self.single_output = single_output
+
+    def __call__(self, *args: Any) -> Any:
+        import torch
+
+        feeds = {name: np.ascontiguousarray(args[pos].detach().cpu().to(torch.float32).numpy())
+                 for name, pos in zip(self.input_names, self.runtime_positions)}
+        results = self.model.run(feeds)
+        outs = tuple(torch.from_numpy(results[name]) for name in self.output_names)
+        return outs[0] if self.single_output else outs
+
+
+def _is_state(node: Any, value: Any) -> bool:
+    """Whether a placeholder carries module state (a parameter or buffer) that may be frozen."""
+    import torch
+
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    grapharg = node.meta.get("grapharg")
+    source = getattr(getattr(grapharg, "source", None), "name", "")
+    source = source() if callable(source) else str(source)
+    return "._parameters[" in source or "._buffers[" in source
+
+
+def _real_value(node: Any, value: Any) -> Any:
+    """The real tensor behind a (possibly fake) example value, or None when only a fake one exists."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(value, FakeTensor):
+        return value
+    example = getattr(node.meta.get("grapharg"), "example", None)
+    return None if example is None or isinstance(example, FakeTensor) else example
+
+
+def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str) -> AutofusionSubmodule:
+    """Convert, optimize and compile one fused partition; raises on anything unsupported."""
+    from autofusion.api import optimize
+    from autofusion.runtime import CompiledModel
+
+    values: list[Any] = []
+    frozen: list[bool] = []
+    for arg in args:
+        if arg.op == "get_attr":
+            values.append(_attr(parent, arg.target))
+            frozen.append(True)
+        elif arg.op == "placeholder" and _is_state(arg, example_value(arg)):
+            real = _real_value(arg, arg.meta.get("_autofusion_real"))
+            values.append(real if real is not None else example_value(arg))
+            frozen.append(real is not None)
+        else:
+            values.append(example_value(arg))
+            frozen.append(False)
+    graph = fx_to_graph(sub_gm, values, frozen, name=name)
+    placeholders = [n.name for n in sub_gm.graph.nodes if n.op == "placeholder"]
+    runtime = [(f"t_{p}", i) for i, p in enumerate(placeholders) if not frozen[i]]
+    out_node = next(n for n in sub_gm.graph.nodes if n.op == "output")
+    model = CompiledModel(optimize(graph))
+    return AutofusionSubmodule(model, [r[0] for r in runtime], [r[1] for r in runtime], graph.outputs,
+                               single_output=not isinstance(out_node.args[0], (tuple, list)))
+
+
+def _attr(module: Any, target: str) -> Any:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
+    """TorchDynamo backend: compile supported parts of ``gm`` with autofusion, run the rest eagerly."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    class _Support(OperatorSupportBase):
+        def is_node_supported(self, submodules: Any, node: Any) -> bool:
+            return is_convertible(node)
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, example_inputs):
+        node.meta["_autofusion_real"] = value  # real tensors when Dynamo passes them (it does by default)
+    partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    if not partitions:
+        return gm.forward
+    fused = partitioner.fuse_partitions(partitions)
+    compiled_any = False
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not str(node.target).startswith("fused_"):
+            continue
+        sub_gm = _attr(fused, node.target)
+        try:
+            runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target))
+        except (FxConversionError, ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
+            warnings.warn(f"autofusion: partition {node.target} runs eagerly ({type(exc).__name__}: {exc})",
+                          AutofusionFallbackWarning, stacklevel=2)
+            continue  # this part stays eager: the fused submodule runs its original torch ops
+        _install(fused, node, runner)
+        compiled_any = True
+    return fused if compiled_any else gm.forward
+
+
+def _install(fused: Any, node: Any, runner: AutofusionSubmodule) -> None:
+    """Replace the fused partition's eager submodule by a module that calls its compiled runner."""
+    import torch
+
+    class AutofusionPartition(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.runner = runner
+
+        def forward(self, *args: Any) -> Any:
+            return self.runner(*args)
+
+    setattr(fused, str(node.target), AutofusionPartition())

@@ -1,0 +1,346 @@
+"""Convert torch.fx graphs (as TorchDynamo hands them to a backend) into the autofusion IR.
+
+Only static float32 graphs are converted. Each supported FX node maps to one or a few ONNX-named
+IR ops; :func:`is_convertible` says whether a node can be converted, so a partitioner can keep the
+rest in eager PyTorch. Parameters and buffers become IR constants: their values are read once, at
+conversion time (they are frozen; later in-place updates to the module are not seen).
+
+torch is imported lazily: this module only touches torch objects handed to it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from autofusion.ir.builder import GraphBuilder
+from autofusion.ir.graph import Graph
+from autofusion.ir.types import DType
+
+
+class FxConversionError(ValueError):
+    """An FX node cannot be expressed in the autofusion IR."""
+
+
+Handler = Callable[["_Converter", Any], str]
+
+
+def target_key(node: Any) -> str | None:
+    """A canonical op name for an FX node (``"linear"``, ``"relu"``...), or None when not a torch op."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op != "call_function":
+        return None
+    target = node.target
+    opname = getattr(target, "_opname", None)  # aten OpOverload / OpOverloadPacket
+    if opname is not None and type(target).__module__.startswith("torch"):
+        return str(opname)
+    module = getattr(target, "__module__", None) or ""
+    if target in (operator.add, operator.mul, operator.sub, operator.truediv, operator.matmul, operator.neg):
+        return target.__name__
+    if module == "torch" or module.startswith("torch.") or module.startswith("torch._C"):
+        return getattr(target, "__name__", None)
+    return None
+
+
+def example_value(node: Any) -> Any:
+    """The (fake) example tensor recorded for ``node`` by TorchDynamo, or None."""
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def static_float_tensor(value: Any) -> bool:
+    """True for a float32 tensor whose shape is made of plain ints (no symbolic sizes)."""
+    import torch
+
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.float32
+            and all(type(d) is int for d in value.shape))
+
+
+def is_convertible(node: Any) -> bool:
+    """Whether ``node`` is a torch op this converter handles with a static float32 output."""
+    key = target_key(node)
+    return key in HANDLERS and static_float_tensor(example_value(node)) and _args_ok(node)
+
+
+def _args_ok(node: Any) -> bool:
+    check = ARG_CHECKS.get(target_key(node) or "")
+    return check is None or bool(check(node))
+
+
+class _Converter:
+    def __init__(self, builder: GraphBuilder, env: dict[Any, str]) -> None:
+        self.b = builder
+        self.env = env
+        self.consts: dict[str, np.ndarray] = {}
+
+    def tensor(self, arg: Any) -> str:
+        """The IR tensor for an FX argument: a converted node, or a Python scalar as a constant."""
+        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            return self.b.const(np.asarray(arg, np.float32))
+        if arg in self.env:
+            return self.env[arg]
+        raise FxConversionError(f"argument {arg!r} is not a tensor the converter knows")
+
+    def const_value(self, arg: Any) -> np.ndarray | None:
+        name = self.env.get(arg) if not isinstance(arg, (int, float)) else None
+        return self.consts.get(name) if name else None
+
+
+def _arg(node: Any, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    values = tuple(int(v) for v in value)
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _out_shape(node: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in example_value(node).shape)
+
+
+def _unary(op: str, **attrs: Any) -> Handler:
+    return lambda cv, node: cv.b.op(op, cv.tensor(node.args[0]), **attrs)
+
+
+def _binary(op: str) -> Handler:
+    return lambda cv, node: cv.b.op(op, cv.tensor(_arg(node, 0, "input")), cv.tensor(_arg(node, 1, "other")))
+
+
+def _reshape(cv: _Converter, node: Any) -> str:
+    shape = np.asarray(_out_shape(node), np.int64)
+    return cv.b.op("Reshape", cv.tensor(node.args[0]), cv.b.const(shape))
+
+
+def _permute(cv: _Converter, node: Any) -> str:
+    dims = node.args[1:] if len(node.args) > 2 or isinstance(_arg(node, 1, "dims", 0), int) else node.args[1]
+    if not dims:
+        dims = node.kwargs["dims"]
+    return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=[int(d) for d in dims])
+
+
+def _transpose(cv: _Converter, node: Any) -> str:
+    rank = len(_out_shape(node))
+    perm = list(range(rank))
+    d0, d1 = int(_arg(node, 1, "dim0")) % rank, int(_arg(node, 2, "dim1")) % rank
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=perm)
+
+
+def _t(cv: _Converter, node: Any) -> str:
+    rank = len(_out_shape(node))
+    return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=[1, 0]) if rank == 2 else cv.tensor(node.args[0])
+
+
+def _linear(cv: _Converter, node: Any) -> str:
+    x, weight, bias = node.args[0], _arg(node, 1, "weight"), _arg(node, 2, "bias")
+    w_value = cv.const_value(weight)
+    w_t = cv.b.const(np.ascontiguousarray(w_value.T)) if w_value is not None else \
+        cv.b.op("Transpose", cv.tensor(weight), perm=[1, 0])  # frozen weights are transposed once, here
+    y = cv.b.op("MatMul", cv.tensor(x), w_t)
+    return cv.b.op("Add", y, cv.tensor(bias)) if bias is not None else y
+
+
+def _conv2d(cv: _Converter, node: Any) -> str:
+    x, weight, bias = node.args[0], _arg(node, 1, "weight"), _arg(node, 2, "bias")
+    stride, padding = _pair(_arg(node, 3, "stride", 1)), _pair(_arg(node, 4, "padding", 0))
+    dilation, groups = _pair(_arg(node, 5, "dilation", 1)), int(_arg(node, 6, "groups", 1))
+    inputs = [cv.tensor(x), cv.tensor(weight)] + ([cv.tensor(bias)] if bias is not None else [])
+    return cv.b.op("Conv", *inputs, strides=list(stride), pads=[padding[0], padding[1], padding[0], padding[1]],
+                   dilations=list(dilation), group=groups)
+
+
+def _conv2d_ok(node: Any) -> bool:
+    padding = _arg(node, 4, "padding", 0)
+    return not isinstance(padding, str) and len(example_value(node).shape) == 4
+
+
+def _ones_like_channels(cv: _Converter, arg: Any, size: int) -> str:
+    return cv.tensor(arg) if arg is not None else cv.b.const(np.ones(size, np.float32))
+
+
+def _zeros_like_channels(cv: _Converter, arg: Any, size: int) -> str:
+    return cv.tensor(arg) if arg is not None else cv.b.const(np.zeros(size, np.float32))
+
+
+def _layer_norm(cv: _Converter, node: Any) -> str:
+    normalized = tuple(int(d) for d in _arg(node, 1, "normalized_shape"))
+    weight, bias, eps = _arg(node, 2, "weight"), _arg(node, 3, "bias"), float(_arg(node, 4, "eps", 1e-5))
+    scale = cv.tensor(weight) if weight is not None else cv.b.const(np.ones(normalized, np.float32))
+    shift = cv.tensor(bias) if bias is not None else cv.b.const(np.zeros(normalized, np.float32))
+    return cv.b.op("LayerNormalization", cv.tensor(node.args[0]), scale, shift, axis=-len(normalized), epsilon=eps)
+
+
+def _batch_norm(cv: _Converter, node: Any) -> str:
+    x = node.args[0]
+    channels = _out_shape(node)[1]
+    mean, var = cv.tensor(_arg(node, 1, "running_mean")), cv.tensor(_arg(node, 2, "running_var"))
+    scale = _ones_like_channels(cv, _arg(node, 3, "weight"), channels)
+    shift = _zeros_like_channels(cv, _arg(node, 4, "bias"), channels)
+    eps = float(_arg(node, 7, "eps", 1e-5))
+    return cv.b.op("BatchNormalization", cv.tensor(x), scale, shift, mean, var, epsilon=eps)
+
+
+def _batch_norm_ok(node: Any) -> bool:
+    return (not bool(_arg(node, 5, "training", False)) and _arg(node, 1, "running_mean") is not None
+            and _arg(node, 2, "running_var") is not None)
+
+
+def _max_pool2d(cv: _Converter, node: Any) -> str:
+    kernel = _pair(_arg(node, 1, "kernel_size"))
+    stride_arg = _arg(node, 2, "stride")
+    stride = _pair(stride_arg) if stride_arg not in (None, ()) and stride_arg != [] else kernel
+    padding, dilation = _pair(_arg(node, 3, "padding", 0)), _pair(_arg(node, 4, "dilation", 1))
+    ceil = int(bool(_arg(node, 5, "ceil_mode", False)))
+    return cv.b.op("MaxPool", cv.tensor(node.args[0]), kernel_shape=list(kernel), strides=list(stride),
+                   pads=[padding[0], padding[1], padding[0], padding[1]], dilations=list(dilation), ceil_mode=ceil)
+
+
+def _max_pool2d_ok(node: Any) -> bool:
+    return not bool(_arg(node, 6, "return_indices", False)) and len(example_value(node).shape) == 4
+
+
+def _adaptive_avg_pool_ok(node: Any) -> bool:
+    size = _arg(node, 1, "output_size")
+    return size == 1 or (isinstance(size, (tuple, list)) and all(s == 1 for s in size))
+
+
+def _softmax(cv: _Converter, node: Any) -> str:
+    return cv.b.op("Softmax", cv.tensor(node.args[0]), axis=int(_arg(node, 1, "dim")))
+
+
+def _gelu(cv: _Converter, node: Any) -> str:
+    return cv.b.op("Gelu", cv.tensor(node.args[0]), approximate=str(node.kwargs.get("approximate", "none")))
+
+
+def _identity(cv: _Converter, node: Any) -> str:
+    return cv.tensor(node.args[0])
+
+
+def _dropout_ok(node: Any) -> bool:
+    return not bool(_arg(node, 2, "training", True))
+
+
+def _rsqrt(cv: _Converter, node: Any) -> str:
+    return cv.b.op("Reciprocal", cv.b.op("Sqrt", cv.tensor(node.args[0])))
+
+
+def _alpha_ok(node: Any) -> bool:
+    return node.kwargs.get("alpha", 1) == 1 and len(node.args) <= 2
+
+
+def _div_ok(node: Any) -> bool:
+    return node.kwargs.get("rounding_mode") is None
+
+
+def _tensors_ok(node: Any) -> bool:
+    """Tensor arguments must be static float32; other arguments plain Python numbers."""
+    return all(static_float_tensor(example_value(a)) for a in node.args[:2] if hasattr(a, "meta")) and any(
+        hasattr(a, "meta") for a in node.args[:2])
+
+
+HANDLERS: Mapping[str, Handler] = {
+    "linear": _linear,
+    "conv2d": _conv2d,
+    "relu": _unary("Relu"),
+    "gelu": _gelu,
+    "tanh": _unary("Tanh"),
+    "sigmoid": _unary("Sigmoid"),
+    "exp": _unary("Exp"),
+    "sqrt": _unary("Sqrt"),
+    "rsqrt": _rsqrt,
+    "neg": _unary("Neg"),
+    "add": _binary("Add"),
+    "mul": _binary("Mul"),
+    "sub": _binary("Sub"),
+    "div": _binary("Div"),
+    "truediv": _binary("Div"),
+    "matmul": _binary("MatMul"),
+    "bmm": _binary("MatMul"),
+    "mm": _binary("MatMul"),
+    "softmax": _softmax,
+    "layer_norm": _layer_norm,
+    "batch_norm": _batch_norm,
+    "max_pool2d": _max_pool2d,
+    "adaptive_avg_pool2d": _unary("GlobalAveragePool"),
+    "flatten": _reshape,
+    "view": _reshape,
+    "reshape": _reshape,
+    "permute": _permute,
+    "transpose": _transpose,
+    "t": _t,
+    "contiguous": _identity,
+    "dropout": _identity,
+}
+
+ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
+    "conv2d": _conv2d_ok,
+    "batch_norm": _batch_norm_ok,
+    "max_pool2d": _max_pool2d_ok,
+    "adaptive_avg_pool2d": _adaptive_avg_pool_ok,
+    "dropout": _dropout_ok,
+    "softmax": lambda node: _arg(node, 1, "dim") is not None and node.kwargs.get("dtype") is None,
+    "add": lambda node: _alpha_ok(node) and _tensors_ok(node),
+    "sub": lambda node: _alpha_ok(node) and _tensors_ok(node),
+    "mul": _tensors_ok,
+    "div": lambda node: _div_ok(node) and _tensors_ok(node),
+    "truediv": _tensors_ok,
+    "contiguous": lambda node: len(node.args) == 1 and not node.kwargs,
+}
+
+
+def fx_to_graph(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool], name: str = "torch_fx") -> Graph:
+    """The IR graph of ``gm``, a GraphModule made only of convertible nodes.
+
+    ``placeholder_values`` holds one tensor (real or fake) per placeholder for its shape and dtype;
+    placeholders marked in ``frozen`` become constants holding that tensor's (real) value, the
+    others become graph inputs named after the placeholder. Raises FxConversionError.
+    """
+    builder = GraphBuilder(name)
+    env: dict[Any, str] = {}
+    cv = _Converter(builder, env)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(placeholder_values) or len(frozen) != len(placeholders):
+        raise FxConversionError("one value and one frozen flag are needed per placeholder")
+    outputs: list[str] = []
+    input_names: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            value = placeholder_values[placeholders.index(node)]
+            if not static_float_tensor(value):
+                raise FxConversionError(f"placeholder {node.name} is not a static float32 tensor")
+            if frozen[placeholders.index(node)]:
+                array = value.detach().cpu().contiguous().numpy().copy()
+                env[node] = builder.const(array, name=_ir_name(node.name))
+                cv.consts[env[node]] = array
+            else:
+                env[node] = builder.input(_ir_name(node.name), tuple(value.shape), DType.FLOAT32)
+                input_names.add(env[node])
+        elif node.op == "output":
+            results = node.args[0]
+            results = results if isinstance(results, (tuple, list)) else (results,)
+            outputs = [env[r] for r in results]
+        elif node.op in ("call_function", "call_method"):
+            if not is_convertible(node):
+                raise FxConversionError(f"node {node.name} ({node.target}) is not supported")
+            env[node] = HANDLERS[target_key(node) or ""](cv, node)
+            expected = _out_shape(node)
+            if builder.type_of(env[node]).shape != expected:
+                raise FxConversionError(f"node {node.name}: IR shape {builder.type_of(env[node]).shape} "
+                                        f"differs from torch's {expected}")
+        else:
+            raise FxConversionError(f"FX node kind {node.op!r} is not supported")
+    if len(set(outputs)) != len(outputs) or any(o in input_names or o in cv.consts for o in outputs):
+        outputs = [builder.op("Identity", o) for o in outputs]  # every graph output gets its own buffer
+    return builder.build(outputs)
+
+
+def _ir_name(name: str) -> str:
+    return "t_" + name

@@ -1,0 +1,186 @@
+"""torch.compile(model, backend="autofusion"): FX -> IR -> optimize -> C backend, eager fallback."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from autofusion.frontends.torch_backend import autofusion_backend  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    import torch._dynamo
+
+    if "autofusion" not in torch._dynamo.list_backends(exclude_tags=()):
+        # the package metadata (and so its entry point) is not installed in a source checkout
+        torch._dynamo.register_backend(autofusion_backend, name="autofusion")
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Recorder:
+    """A backend that delegates to autofusion and keeps what it returned."""
+
+    def __init__(self) -> None:
+        self.results: list[object] = []
+
+    def __call__(self, gm, example_inputs):
+        out = autofusion_backend(gm, example_inputs)
+        self.results.append(out)
+        return out
+
+    def compiled_partitions(self) -> int:
+        return sum(1 for r in self.results if isinstance(r, torch.fx.GraphModule)
+                   for _, m in r.named_children() if type(m).__name__ == "AutofusionPartition")
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.ln1(x)
+        q, k, v = self.qkv(h).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        att = torch.softmax(q @ k.transpose(-2, -1) * (1.0 / (d // self.heads) ** 0.5), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+def _randomize_batchnorm(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+
+
+def _check(model: nn.Module, *inputs, backend="autofusion"):
+    model.eval()
+    with torch.no_grad():
+        expected = model(*inputs)
+        got = torch.compile(model, backend=backend)(*inputs)
+    torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)
+    return got
+
+
+def test_transformer_block_matches_eager():
+    torch.manual_seed(0)
+    recorder = Recorder()
+    _check(TransformerBlock(), torch.randn(2, 8, 16), backend=recorder)
+    assert recorder.compiled_partitions() >= 1
+
+
+def test_cnn_matches_eager_also_after_a_shape_change():
+    torch.manual_seed(1)
+    model = SmallCNN()
+    _randomize_batchnorm(model)
+    model.eval()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder)
+    with torch.no_grad():
+        for batch in (2, 3):  # the second shape may recompile with symbolic sizes: those parts run eagerly
+            x = torch.randn(batch, 3, 16, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+    assert recorder.compiled_partitions() >= 1
+
+
+class WithUnsupported(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        y = torch.cumprod(y * 0.5 + 0.75, dim=-1)  # no IR equivalent: stays in eager PyTorch
+        return torch.tanh(self.b(y))
+
+
+def test_unsupported_op_runs_eagerly_between_compiled_parts():
+    torch.manual_seed(2)
+    recorder = Recorder()
+    _check(WithUnsupported(), torch.randn(4, 8), backend=recorder)
+    assert recorder.compiled_partitions() == 2
+
+
+def test_graph_with_nothing_supported_is_left_to_eager():
+    class OnlyUnsupported(nn.Module):
+        def forward(self, x):
+            return torch.cumprod(x, dim=0)
+
+    recorder = Recorder()
+    _check(OnlyUnsupported(), torch.rand(5, 3), backend=recorder)
+    assert recorder.compiled_partitions() == 0
+    assert not any(isinstance(r, torch.fx.GraphModule) for r in recorder.results)
+
+
+def test_entry_point_is_declared_and_resolves():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["torch_dynamo_backends"]["autofusion"]
+    module, _, attr = target.partition(":")
+    assert getattr(importlib.import_module(module), attr) is autofusion_backend
+
+
+def test_torch_discovers_the_backend_through_package_metadata(tmp_path):
+    # a minimal installed-distribution record, as pip would write it, pointing at this checkout
+    dist = tmp_path / "autofusion-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: autofusion\nVersion: 0.1.0\n")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    eps = project["project"]["entry-points"]["torch_dynamo_backends"]
+    (dist / "entry_points.txt").write_text(
+        "[torch_dynamo_backends]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    script = textwrap.dedent("""
+        import torch, torch._dynamo
+        assert "autofusion" in torch._dynamo.list_backends(), torch._dynamo.list_backends()
+        m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Sigmoid()).eval()
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(m, backend="autofusion")(x), m(x), rtol=1e-4, atol=1e-5)
+        print("ok")
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_importing_autofusion_does_not_import_torch():
+    script = ("import sys, autofusion, autofusion.frontends, autofusion.frontends.torch_backend; "
+              "assert 'torch' not in sys.modules, 'torch imported'")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
