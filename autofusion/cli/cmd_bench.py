@@ -135,6 +135,7 @@ def _print_tables(out: Output, source: str, data: dict[str, Any]) -> None:
     for name, r in runners.items():
         speed = data["ratios"].get("fused_speedup", {}).get(name)
         rows.append((name, f"{r['median_ms']:.3f}" if r["median_ms"] is not None else "n/a",
+                     f"{r['min_ms']:.3f}" if r["min_ms"] is not None else "n/a",
                      "1.00x" if name == "fused" else ("" if speed is None else f"{speed:.2f}x"),
                      "n/a" if r["peak_bytes"] is None else human_bytes(r["peak_bytes"]),
                      short_method(r["peak_method"]), "n/a" if r["kernels"] is None else r["kernels"],
@@ -142,9 +143,11 @@ def _print_tables(out: Output, source: str, data: dict[str, Any]) -> None:
                      "ok" if r["outputs_ok"] else "MISMATCH"))
     out.table(f"{source} ({sizes}): median of {data['repeat']} runs after {data['warmup']} warm-up, "
               f"{data['threads']} threads",
-              ("runner", "median ms", "fused is", "peak memory", "measured by", "kernels", "max |err|", "outputs"),
+              ("runner", "median ms", "min ms", "fused is", "peak memory", "measured by", "kernels", "max |err|",
+               "outputs"),
               rows)
-    out.line("'fused is' = that runner's median / the fused median (above 1: fused is faster).")
+    out.line("'fused is' = that runner's median / the fused median (above 1: fused is faster); min ms: the "
+             "fastest timed run.")
     for name in ("unfused", "fused"):
         r = runners.get(name)
         if r is not None and r.get("outside_opaque_ms") is not None:
