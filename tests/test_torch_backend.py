@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from autofusion.frontends.torch_backend import autofusion_backend  # noqa: E402
+from autofusion.frontends.torch_backend import AutofusionFallbackWarning, autofusion_backend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-4, 1e-5
@@ -73,7 +74,7 @@ class SmallCNN(nn.Module):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+            nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1))
         self.head = nn.Linear(16, 10)
 
     def forward(self, x):
@@ -89,12 +90,15 @@ def _randomize_batchnorm(model: nn.Module) -> None:
             m.bias.data.uniform_(-0.2, 0.2)
 
 
-def _check(model: nn.Module, *inputs, backend="autofusion"):
+def _check(model: nn.Module, *inputs, backend="autofusion", fallback_expected=False):
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         expected = model(*inputs)
         got = torch.compile(model, backend=backend)(*inputs)
     torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)
+    fallbacks = [w for w in caught if issubclass(w.category, AutofusionFallbackWarning)]
+    assert bool(fallbacks) == fallback_expected, [str(w.message) for w in fallbacks]
     return got
 
 
@@ -135,6 +139,18 @@ def test_unsupported_op_runs_eagerly_between_compiled_parts():
     recorder = Recorder()
     _check(WithUnsupported(), torch.randn(4, 8), backend=recorder)
     assert recorder.compiled_partitions() == 2
+
+
+def test_partition_that_fails_to_compile_warns_and_runs_eagerly(monkeypatch):
+    def failing_optimize(graph, *args, **kwargs):
+        raise ValueError("no plan for this graph")
+
+    import autofusion.api
+
+    monkeypatch.setattr(autofusion.api, "optimize", failing_optimize)
+    recorder = Recorder()
+    _check(WithUnsupported(), torch.randn(4, 8), backend=recorder, fallback_expected=True)
+    assert recorder.compiled_partitions() == 0
 
 
 def test_graph_with_nothing_supported_is_left_to_eager():

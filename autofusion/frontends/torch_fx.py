@@ -62,7 +62,17 @@ def static_float_tensor(value: Any) -> bool:
 def is_convertible(node: Any) -> bool:
     """Whether ``node`` is a torch op this converter handles with a static float32 output."""
     key = target_key(node)
-    return key in HANDLERS and static_float_tensor(example_value(node)) and _args_ok(node)
+    return (key in HANDLERS and static_float_tensor(example_value(node)) and _tensor_args_ok(node)
+            and _args_ok(node))
+
+
+def _tensor_args_ok(node: Any) -> bool:
+    """Every FX node among the arguments must be a static float32 tensor (no sizes, ints or tuples)."""
+    import torch.fx
+
+    found: list[Any] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    return all(static_float_tensor(example_value(a)) for a in found)
 
 
 def _args_ok(node: Any) -> bool:
@@ -293,6 +303,8 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "div": lambda node: _div_ok(node) and _tensors_ok(node),
     "truediv": _tensors_ok,
     "contiguous": lambda node: len(node.args) == 1 and not node.kwargs,
+    # an in-place update is seen by later readers of its input: only out-of-place forms are converted
+    "relu": lambda node: not bool(_arg(node, 1, "inplace", False)),
 }
 
 
