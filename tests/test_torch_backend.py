@@ -153,6 +153,19 @@ def test_partition_that_fails_to_compile_warns_and_runs_eagerly(monkeypatch):
     assert recorder.compiled_partitions() == 0
 
 
+def test_graph_needing_gradients_runs_eagerly_and_backpropagates():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh())
+    x = torch.randn(2, 4)
+    recorder = Recorder()
+    with pytest.warns(AutofusionFallbackWarning, match="gradients"):
+        out = torch.compile(model, backend=recorder)(x)
+    torch.testing.assert_close(out, model(x), rtol=RTOL, atol=ATOL)
+    out.sum().backward()
+    assert model[0].weight.grad is not None
+    assert recorder.compiled_partitions() == 0
+
+
 def test_graph_with_nothing_supported_is_left_to_eager():
     class OnlyUnsupported(nn.Module):
         def forward(self, x):

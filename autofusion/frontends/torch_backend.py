@@ -105,6 +105,7 @@ def _attr(module: Any, target: str) -> Any:
 
 def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
     """TorchDynamo backend: compile supported parts of ``gm`` with autofusion, run the rest eagerly."""
+    import torch
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -112,6 +113,10 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
         def is_node_supported(self, submodules: Any, node: Any) -> bool:
             return is_convertible(node)
 
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs):
+        warnings.warn("autofusion: gradients are required, so this graph runs eagerly (the compiled code is "
+                      "inference only; call under torch.no_grad())", AutofusionFallbackWarning, stacklevel=2)
+        return gm.forward
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
         node.meta["_autofusion_real"] = value  # real tensors when Dynamo passes them (it does by default)

@@ -130,9 +130,9 @@ def _reshape(cv: _Converter, node: Any) -> str:
 
 
 def _permute(cv: _Converter, node: Any) -> str:
-    dims = node.args[1:] if len(node.args) > 2 or isinstance(_arg(node, 1, "dims", 0), int) else node.args[1]
-    if not dims:
-        dims = node.kwargs["dims"]
+    rest = node.args[1:]
+    dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+    dims = dims or node.kwargs["dims"]
     return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=[int(d) for d in dims])
 
 
