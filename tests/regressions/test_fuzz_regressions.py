@@ -53,3 +53,16 @@ def test_triton_reductions_over_rows_of_one_element(seed: int) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     assert run_case(random_case(seed), CACHE, triton=True).outcome == "ok"
+
+
+@pytest.mark.xfail(reason="open: GCC 12.2 at -O3 with AVX2 miscompiles the Concat kernel's per-index branch "
+                          "(correct at -O2); see docs/reliability.md", strict=False)
+def test_concat_of_one_tensor_twice_in_the_unfused_runner() -> None:
+    from autofusion.runtime import UnfusedRunner
+
+    b = GraphBuilder("concat")
+    x = b.input("x", (1, 3, 2))
+    y = b.op("Concat", x, x, axis=1)
+    g = b.build([y])
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(1, 3, 2)}
+    assert compare_outputs(run_graph(g, feeds), UnfusedRunner(g, cache=CACHE).run(feeds)).ok
