@@ -77,7 +77,7 @@ class _Gen:
             operands = (x, other) if rng.integers(0, 2) else (other, x)
             y = b.op(self.pick(BINARY), *operands)
         elif kind == "positive":
-            y = b.op(self.pick(POSITIVE_UNARY), b.op("Add", b.op("Abs", x), b.const(np.float32(1.0))))
+            y = b.op(self.pick(POSITIVE_UNARY), b.op("Add", b.op("Abs", x), b.const(np.array(1.0, np.float32))))
         elif kind == "compare":
             leaf = self.pick(sorted(self.leaves))
             other = self.broadcast_partner(self.shape(leaf), leaf_only=True)
