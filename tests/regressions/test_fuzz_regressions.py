@@ -55,9 +55,8 @@ def test_triton_reductions_over_rows_of_one_element(seed: int) -> None:
     assert run_case(random_case(seed), CACHE, triton=True).outcome == "ok"
 
 
-@pytest.mark.xfail(reason="open: GCC 12.2 at -O3 with AVX2 miscompiles the Concat kernel's per-index branch "
-                          "(correct at -O2); see docs/reliability.md", strict=False)
 def test_concat_of_one_tensor_twice_in_the_unfused_runner() -> None:
+    """GCC 12.2 at -O3 -mavx2 miscompiled this kernel; the toolchain now passes -fno-tree-loop-if-convert."""
     from autofusion.runtime import UnfusedRunner
 
     b = GraphBuilder("concat")
