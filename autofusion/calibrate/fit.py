@@ -17,7 +17,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import kendalltau
 
-from autofusion.decide.cost import CacheLevel, GroupTerms, HardwareProfile
+from autofusion.decide.cost import CacheLevel, GroupTerms, HardwareProfile, compute_parts
 
 MIN_PER_LEVEL = 3  # kernels needed in a cache level to fit its bandwidth
 BW = 4  # index of the first bandwidth parameter: overhead, peak, matmul peak and math peak come first
@@ -66,15 +66,15 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     bandwidths, all on a log scale with a weak pull towards ``prior`` (so a constant the data cannot
     see, such as the bandwidth of a level where every kernel was compute-bound, stays near its
     prior). The matmul and math rates are fitted only when enough kernels contain an opaque core or
-    a math routine. ``launch_seconds`` (measured separately) is the launch part of the fitted
-    per-kernel overhead; the rest is synchronisation.
+    a math routine. The per-element costs of ops in ``prior.op_seconds`` (measured separately) are
+    kept, as is ``launch_seconds``, the launch part of the fitted per-kernel overhead; the rest of
+    that overhead is synchronisation.
     """
     if len(terms) != len(seconds) or len(terms) < 4:
         raise ValueError(f"need at least 4 measured kernels to fit a profile, got {len(terms)}")
     nbytes = np.array([t.bytes for t in terms], dtype=np.float64)
-    matmul = np.array([t.matmul_flops for t in terms], dtype=np.float64)
-    math_ = np.array([t.math_flops for t in terms], dtype=np.float64)
-    plain = np.array([t.flops for t in terms], dtype=np.float64) - matmul - math_
+    parts = np.array([compute_parts(t, prior.op_seconds) for t in terms], dtype=np.float64)
+    measured, plain, math_, matmul = parts.T
     level = np.array([prior.level_index(t.bytes) for t in terms])
     target = np.log(np.asarray(seconds, dtype=np.float64))
     levels = len(prior.bandwidths)
@@ -102,7 +102,7 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     def predict(params: np.ndarray) -> np.ndarray:
         matmul_rate = math.exp(params[2] if fit_matmul else params[1])
         math_rate = math.exp(params[3] if fit_math else params[1])
-        compute = plain / math.exp(params[1]) + matmul / matmul_rate + math_ / math_rate
+        compute = measured + plain / math.exp(params[1]) + matmul / matmul_rate + math_ / math_rate
         return math.exp(params[0]) + np.maximum(nbytes / bandwidths(params)[level], compute)
 
     steps = [max(0.0, math.log(prior_bw[a] / prior_bw[b])) for b, a in zip(slow, slow[1:])]
@@ -123,4 +123,4 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     matmul_peak = float(math.exp(params[2])) if fit_matmul else prior.matmul_peak_flops
     math_peak = float(math.exp(params[3])) if fit_math else prior.math_peak_flops
     return HardwareProfile(name, float(math.exp(params[1])), caches, float(bw[-1]), launch, overhead - launch,
-                           description, matmul_peak, math_peak)
+                           description, matmul_peak, math_peak, prior.op_seconds)

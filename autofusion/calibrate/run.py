@@ -22,16 +22,19 @@ import numpy as np
 
 from autofusion.calibrate.fit import accuracy, fit_profile, pair_agreement
 from autofusion.calibrate.measure import Timer, TimingOptions, plan_of
+from autofusion.calibrate.opcosts import measure_op_seconds
 from autofusion.calibrate.specs import alternatives, random_feeds, random_kernel
 from autofusion.codegen.errors import CodegenError
 from autofusion.decide.cost import AnalyticCostModel, CostModel, HardwareProfile
 from autofusion.decide.learned import Calibration, LearnedCostModel, fit_learned, group_features
 from autofusion.ir import Graph
+from autofusion.ir.graph import FrozenMap
 from autofusion.ops.registry import OpRegistry, default_registry
 from autofusion.runtime import CompileCache, CompileError
 
 TARGET_TAU = 0.8
 KERNEL_SHARE = 0.75  # of the budget, for single kernels; the rest times regions
+OP_COST_SHARE = 0.1  # per-op costs are timed only if the call overhead took less of the budget
 MIN_KERNELS = 8
 RENDER_ERRORS = (CodegenError, CompileError)  # a group the backend cannot build is skipped
 
@@ -55,6 +58,7 @@ class CalibrationOptions:
     name: str = "cpu-2core"
     prior: str = "cpu-2core"
     timing: TimingOptions = field(default_factory=TimingOptions)
+    op_costs: bool = True  # time one-op kernels for the per-element cost of each pointwise op
     cache_dir: str | None = None
 
 
@@ -81,6 +85,7 @@ class Measurements:
     seconds: float
     threads: int = 1
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load at the start and at the end
+    op_seconds: tuple[tuple[str, float], ...] = ()  # compute seconds per element of pointwise ops
 
 
 def measure(options: CalibrationOptions, progress: Progress | None = None) -> Measurements:
@@ -97,6 +102,9 @@ def measure(options: CalibrationOptions, progress: Progress | None = None) -> Me
         overhead = timer.measure_overhead()
     except CompileError as e:
         raise CalibrationError(f"cannot compile calibration kernels: {e}") from None
+    op_seconds: dict[str, float] = {}
+    if options.op_costs and time.monotonic() < started + options.budget_seconds * OP_COST_SHARE:
+        op_seconds = measure_op_seconds(timer, lambda what: report(what, 0, total))
     kernels: list[KernelSample] = []
     skipped = 0
     kernel_deadline = started + options.budget_seconds * KERNEL_SHARE
@@ -124,7 +132,7 @@ def measure(options: CalibrationOptions, progress: Progress | None = None) -> Me
         regions.append(RegionSample(spec.graph, tuple(tuple(tuple(g) for g in p) for p in parts), times))
     report("done", total, total)
     return Measurements(tuple(kernels), tuple(regions), overhead.launch, skipped, time.monotonic() - started,
-                        timer.threads, (load_at_start, _load()))
+                        timer.threads, (load_at_start, _load()), tuple(sorted(op_seconds.items())))
 
 
 def _predict(model: CostModel, graph: Graph, partition: Sequence[Sequence[str]]) -> float:
@@ -142,14 +150,16 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
     test = [data.kernels[i] for i in order[:n_test]]
     train = [data.kernels[i] for i in order[n_test:]]
     prior = HardwareProfile.load(options.prior)
+    prior = prior.replace(op_seconds=FrozenMap(data.op_seconds)) if data.op_seconds else prior
     work_model = AnalyticCostModel(prior, registry)
 
     def whole(s: KernelSample) -> list[str]:
         return [n.name for n in s.graph.nodes]
 
     train_terms = [work_model.terms(s.graph, whole(s)) for s in train]
-    description = (f"fitted by `autofusion calibrate` on {len(train)} kernels measured on "
-                   f"{_cpu_name()} ({os.cpu_count()} cores) on {datetime.date.today().isoformat()}")
+    description = (f"fitted by `autofusion calibrate` on {len(train)} kernels measured on {_cpu_name()} "
+                   f"({os.cpu_count()} cores; kernels on {data.threads} thread(s), {options.timing.statistic} of "
+                   f"repeats) on {datetime.date.today().isoformat()}")
     profile = fit_profile(train_terms, [s.seconds for s in train], prior, data.launch_seconds, options.name,
                           description)
     analytic = AnalyticCostModel(profile, registry)

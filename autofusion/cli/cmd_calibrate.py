@@ -33,6 +33,8 @@ def add_parser(subparsers: Any) -> None:
                    help="largest tensor of a generated kernel, in elements (default 4194304)")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="threads the kernels run on (default: the runtime's, $OMP_NUM_THREADS or 2)")
+    p.add_argument("--repeat-seconds", type=_positive_float, default=0.05, metavar="S",
+                   help="time spent running each kernel to time it (default 0.05)")
     p.add_argument("--statistic", choices=("median", "min"), default="median",
                    help="how repeated runs of a kernel are summed up (default median; min is steadier on a "
                         "machine busy with other work)")
@@ -116,7 +118,8 @@ def _calibrate(args: argparse.Namespace) -> Any:
 
     options = CalibrationOptions(budget_seconds=args.budget, kernels=args.kernels, regions=args.regions,
                                  max_elements=args.max_elements, seed=args.seed, name=args.name, prior=args.prior,
-                                 timing=TimingOptions(threads=args.threads, statistic=args.statistic),
+                                 timing=TimingOptions(target_seconds=args.repeat_seconds, threads=args.threads,
+                                                      statistic=args.statistic),
                                  cache_dir=args.cache)
     _warn_if_busy(args.statistic)
     try:
@@ -176,5 +179,9 @@ def _print_report(out: Output, calibration: Any, heading: str, path: str, as_jso
     p = calibration.profile
     out.fields("fitted profile", [("peak flop/s", p.peak_flops)]
                + [(f"{c.level} bandwidth (<= {c.bytes:,} B)", c.bandwidth) for c in p.caches]
-               + [("DRAM bandwidth", p.dram_bandwidth), ("launch seconds", p.launch_seconds),
-                  ("sync seconds", p.sync_seconds)])
+               + [("DRAM bandwidth", p.dram_bandwidth), ("matmul flop/s", p.matmul_flops_rate),
+                  ("math-routine flop/s", p.math_flops_rate), ("launch seconds", p.launch_seconds),
+                  ("sync seconds", p.sync_seconds), ("ops with a measured cost", len(p.op_seconds))])
+    if p.op_seconds:
+        out.table("measured compute per element", ("op", "ns"),
+                  [(op, round(s * 1e9, 3)) for op, s in sorted(p.op_seconds.items(), key=lambda kv: kv[1])])

@@ -7,9 +7,11 @@ The analytic model is a roofline per kernel: ``launch + sync + max(bytes / bandw
 where bytes are the kernel's distinct inputs and materialised outputs, bandwidth is the bandwidth of
 the cache level the kernel's working set fits in, and flops count recomputation: a producer inlined
 into a consumer with a larger iteration space (a broadcast) or into a multi-pass reduction is
-computed once per use, not once per element of its own. The flops of opaque cores (GEMM, conv) run
-at the profile's ``matmul_peak_flops`` and those of pointwise math routines (exp, erf, sin...) at
-its ``math_peak_flops`` when it has them, the rest at ``peak_flops``.
+computed once per use, not once per element of its own. A pointwise op whose cost per element the
+profile measured (``op_seconds``, written by calibration) costs that per evaluation; otherwise
+the flops of opaque cores (GEMM, conv) run at the profile's ``matmul_peak_flops`` and those of
+pointwise math routines (exp, erf, sin...) at its ``math_peak_flops`` when it has them, the rest at
+``peak_flops``.
 
 Its three parts can be read apart with :meth:`AnalyticCostModel.terms`: the memory cost (bytes the
 kernel moves, and the bytes fusion saved by keeping intermediates in registers), the compute cost
@@ -26,14 +28,14 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
-from autofusion.ir.graph import Graph
+from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ir.infer import node_context
 from autofusion.ops.registry import OpClass, OpRegistry, default_registry
 
@@ -66,6 +68,7 @@ class HardwareProfile:
     description: str = ""
     matmul_peak_flops: float | None = None  # rate of opaque cores (GEMM, conv); None: peak_flops
     math_peak_flops: float | None = None  # rate of pointwise math routines (exp, erf); None: peak_flops
+    op_seconds: FrozenMap[str, float] = field(default_factory=FrozenMap)  # measured compute per element, by op
 
     @property
     def matmul_flops_rate(self) -> float:
@@ -106,6 +109,9 @@ class HardwareProfile:
         for optional in ("matmul_peak_flops", "math_peak_flops"):
             if data[optional] is None:
                 del data[optional]
+        data["op_seconds"] = dict(sorted(self.op_seconds.items()))
+        if not self.op_seconds:
+            del data["op_seconds"]
         return data
 
     @classmethod
@@ -121,6 +127,7 @@ class HardwareProfile:
             description=str(data.get("description", "")),
             matmul_peak_flops=float(data["matmul_peak_flops"]) if data.get("matmul_peak_flops") else None,
             math_peak_flops=float(data["math_peak_flops"]) if data.get("math_peak_flops") else None,
+            op_seconds=FrozenMap({str(k): float(v) for k, v in dict(data.get("op_seconds", {})).items()}),
         )
 
     @classmethod
@@ -222,6 +229,7 @@ class GroupTerms:
     kernels: int  # 0 for a group of views only (no kernel runs), else 1
     matmul_flops: float = 0.0  # the part of ``flops`` done by opaque cores (GEMM, conv)
     math_flops: float = 0.0  # the part done by pointwise math routines (exp, tanh, erf...)
+    pointwise: tuple[tuple[str, float, float, bool], ...] = ()  # per pointwise op: evaluations, flops, math
 
     @property
     def bytes(self) -> int:
@@ -249,7 +257,15 @@ def group_terms(graph: Graph, nodes: Sequence[str], work: NodeWork) -> GroupTerm
     once = float(sum(work[n][0] for n in nodes))
     matmul = sum(work[n].flops * demand[n] / work[n].numel for n in nodes if work[n].op_class is OpClass.OPAQUE)
     math = sum(work[n].flops * demand[n] / work[n].numel for n in nodes if work[n].math)
-    return GroupTerms(int(bytes_in), int(bytes_out), int(kept), float(flops), once, 1, float(matmul), float(math))
+    by_op: dict[str, tuple[float, float, bool]] = {}
+    for n in nodes:
+        cost = work[n]
+        if cost.op_class is OpClass.POINTWISE and not cost.view:
+            evals, fl, _ = by_op.get(cost.op, (0.0, 0.0, cost.math))
+            by_op[cost.op] = (evals + demand[n], fl + cost.flops * demand[n] / cost.numel, cost.math)
+    pointwise = tuple((op, e, f, m) for op, (e, f, m) in sorted(by_op.items()))
+    return GroupTerms(int(bytes_in), int(bytes_out), int(kept), float(flops), once, 1, float(matmul), float(math),
+                      pointwise)
 
 
 @dataclass(frozen=True)
@@ -266,13 +282,25 @@ class AnalyticSeconds:
         return self.launch + self.sync + max(self.memory, self.compute)
 
 
+def compute_parts(terms: GroupTerms, op_seconds: Mapping[str, float]) -> tuple[float, float, float, float]:
+    """(seconds of the ops measured in ``op_seconds``, and the plain, math-routine and matmul flops
+    of the rest) of a kernel: what the compute side of the roofline is made of."""
+    plain, math, measured = terms.flops - terms.matmul_flops - terms.math_flops, terms.math_flops, 0.0
+    for op, evals, flops, is_math in terms.pointwise:
+        per_element = op_seconds.get(op)
+        if per_element is not None:  # a measured op: its own cost per element replaces its flops
+            measured += evals * per_element
+            math, plain = (math - flops, plain) if is_math else (math, plain - flops)
+    return measured, max(0.0, plain), max(0.0, math), terms.matmul_flops
+
+
 def analytic_seconds(terms: GroupTerms, profile: HardwareProfile) -> AnalyticSeconds:
     """Roofline of one kernel under ``profile`` (all zero for a kernel that does not run)."""
     if terms.kernels == 0:
         return AnalyticSeconds(0.0, 0.0, 0.0, 0.0)
-    plain = terms.flops - terms.matmul_flops - terms.math_flops
-    compute = (plain / profile.peak_flops + terms.matmul_flops / profile.matmul_flops_rate
-               + terms.math_flops / profile.math_flops_rate)
+    measured, plain, math, matmul = compute_parts(terms, profile.op_seconds)
+    compute = (measured + plain / profile.peak_flops + math / profile.math_flops_rate
+               + matmul / profile.matmul_flops_rate)
     return AnalyticSeconds(terms.bytes / profile.bandwidth_for(terms.bytes), compute,
                            profile.launch_seconds, profile.sync_seconds)
 

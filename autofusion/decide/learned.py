@@ -4,8 +4,9 @@ The learned model corrects the calibrated analytic model: it predicts
 ``log(measured / analytic)`` from features of the fused group (bytes in and out, bytes kept in
 registers, flops and recomputation, op counts per class, shape) with a ridge regression plus
 gradient-boosted regression trees on its residuals, and multiplies the analytic prediction by
-``exp`` of that. The correction is clipped to the range seen in the fit, so a group unlike any
-measured one falls back towards the analytic roofline instead of extrapolating a tree.
+``exp`` of that. The correction is clipped to the range seen in the fit, and a group whose structure
+(op counts by class, inputs, outputs, rank) lies outside what was fitted gets none: the calibrated
+analytic roofline answers for it instead of an extrapolated tree.
 
 Everything is numpy and the file is plain JSON (no pickle): :class:`Calibration` holds the fitted
 :class:`HardwareProfile`, the :class:`LearnedParams`, which of the two models is the default, the
@@ -30,6 +31,7 @@ from autofusion.decide.cost import (
     HardwareProfile,
     NodeWork,
     analytic_seconds,
+    compute_parts,
     evaluations,
     group_terms,
 )
@@ -46,8 +48,15 @@ FEATURES: tuple[str, ...] = (
     "log_bytes_in", "log_bytes_out", "log_kept_bytes", "log_flops", "log_matmul_flops", "log_math_flops",
     "log_recompute", "log_hoistable_recompute", "log_analytic", "memory_bound", "level", "nodes", "pointwise",
     "math_ops", "broadcast", "reduction", "reorganize", "opaque", "inputs", "outputs", "rank", "log_inner",
-    "log_numel", "log_reduced_inner",
+    "log_numel", "log_reduced_inner", "log_op_compute", "min_max_ops", "select_ops",
 )
+# features that describe a group's structure rather than its size: outside their fitted range the
+# learned correction is not trusted (a horizontal GEMM or an LSTM loop is nothing like the kernels timed)
+STRUCTURE = tuple(FEATURES.index(f) for f in (
+    "nodes", "pointwise", "math_ops", "broadcast", "reduction", "reorganize", "opaque", "inputs", "outputs", "rank",
+    "min_max_ops", "select_ops"))
+MIN_MAX_OPS = frozenset({"Max", "Min"})
+SELECT_OPS = frozenset({"Relu", "Clip", "Where", "LeakyRelu"})  # a select that may defeat vectorisation
 
 
 def group_features(graph: Graph, nodes: Sequence[str], work: NodeWork, terms: GroupTerms,
@@ -58,7 +67,7 @@ def group_features(graph: Graph, nodes: Sequence[str], work: NodeWork, terms: Gr
     (a per-row chain broadcast over columns), which a C compiler moves out of the inner loop.
     """
     counts = dict.fromkeys(OpClass, 0)
-    math_ops = 0
+    math_ops = min_max = selects = 0
     numel, rank, inner, reduced_inner = 1, 0, 1, 0
     hoistable = 0.0
     demand = evaluations(graph, nodes, work) if terms.flops > terms.flops_once else {}
@@ -69,6 +78,8 @@ def group_features(graph: Graph, nodes: Sequence[str], work: NodeWork, terms: Gr
             continue
         counts[cost.op_class] += 1
         math_ops += cost.math
+        min_max += cost.op in MIN_MAX_OPS
+        selects += cost.op in SELECT_OPS
         outs = [graph.types[o] for o in by_name[n].outputs if o]
         shape = outs[0].shape if outs else ()
         if cost.numel >= numel:
@@ -90,7 +101,8 @@ def group_features(graph: Graph, nodes: Sequence[str], work: NodeWork, terms: Gr
         float(len(nodes)), float(counts[OpClass.POINTWISE]), float(math_ops), float(counts[OpClass.BROADCAST]),
         float(counts[OpClass.REDUCTION]), float(counts[OpClass.REORGANIZE]), float(counts[OpClass.OPAQUE]),
         float(len(inputs)), float(len(outputs)), float(rank), log2(1 + inner), log2(1 + numel),
-        log2(1 + reduced_inner),
+        log2(1 + reduced_inner), log2(1 + 1e9 * compute_parts(terms, profile.op_seconds)[0]), float(min_max),
+        float(selects),
     ]
 
 
@@ -197,9 +209,20 @@ class LearnedParams:
     trees: tuple[Tree, ...]
     learning_rate: float
     clip: tuple[float, float]
+    lower: tuple[float, ...] = ()  # per feature, the least value seen in the fit
+    upper: tuple[float, ...] = ()  # and the greatest
+
+    def in_domain(self, x: Sequence[float]) -> bool:
+        """Whether the group's structure (op counts, inputs, outputs, rank) is like a fitted one's."""
+        if not self.lower:
+            return True
+        return all(self.lower[i] <= x[i] <= self.upper[i] for i in STRUCTURE)
 
     def correction(self, x: Sequence[float]) -> float:
-        """Predicted ``log(measured / analytic)`` for one feature vector."""
+        """Predicted ``log(measured / analytic)`` for one feature vector; 0 (the analytic model's
+        answer) for a group whose structure lies outside what was fitted."""
+        if not self.in_domain(x):
+            return 0.0
         z = [(v - m) / s for v, m, s in zip(x, self.mean, self.scale)]
         r = self.intercept + sum(w * v for w, v in zip(self.weights, z))
         r += self.learning_rate * sum(t.predict_one(z) for t in self.trees)
@@ -209,7 +232,7 @@ class LearnedParams:
         return {"kind": "ridge+boosted-trees on log(measured/analytic)", "features": list(self.features),
                 "mean": list(self.mean), "scale": list(self.scale), "intercept": self.intercept,
                 "weights": list(self.weights), "learning_rate": self.learning_rate, "clip": list(self.clip),
-                "trees": [t.to_json() for t in self.trees]}
+                "lower": list(self.lower), "upper": list(self.upper), "trees": [t.to_json() for t in self.trees]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LearnedParams:
@@ -219,9 +242,12 @@ class LearnedParams:
         params = cls(features, tuple(float(v) for v in data["mean"]), tuple(float(v) for v in data["scale"]),
                      float(data["intercept"]), tuple(float(v) for v in data["weights"]),
                      tuple(Tree.from_json(t) for t in data["trees"]), float(data["learning_rate"]),
-                     (float(data["clip"][0]), float(data["clip"][1])))
+                     (float(data["clip"][0]), float(data["clip"][1])),
+                     tuple(float(v) for v in data.get("lower", ())), tuple(float(v) for v in data.get("upper", ())))
         if not len(params.mean) == len(params.scale) == len(params.weights) == len(features):
             raise ValueError("learned model: mean, scale and weights must have one entry per feature")
+        if params.lower and not len(params.lower) == len(params.upper) == len(features):
+            raise ValueError("learned model: lower and upper must have one entry per feature")
         if any(s <= 0 for s in params.scale):
             raise ValueError("learned model: feature scales must be positive")
         if any(f >= len(features) for t in params.trees for f in t.feature):
@@ -229,8 +255,8 @@ class LearnedParams:
         return params
 
 
-def fit_learned(x: np.ndarray, target: np.ndarray, rounds: int = 150, depth: int = 3, learning_rate: float = 0.1,
-                ridge: float = 1.0, min_leaf: int = 3) -> LearnedParams:
+def fit_learned(x: np.ndarray, target: np.ndarray, rounds: int = 60, depth: int = 3, learning_rate: float = 0.05,
+                ridge: float = 1.0, min_leaf: int = 5) -> LearnedParams:
     """Fit :class:`LearnedParams` to feature rows ``x`` and ``target = log(measured / analytic)``."""
     x = np.asarray(x, dtype=np.float64)
     target = np.asarray(target, dtype=np.float64)
@@ -252,7 +278,8 @@ def fit_learned(x: np.ndarray, target: np.ndarray, rounds: int = 150, depth: int
         trees.append(tree)
         residual = residual - learning_rate * np.array([tree.predict_one(row) for row in z])
     return LearnedParams(FEATURES, tuple(mean.tolist()), tuple(scale.tolist()), intercept, tuple(weights.tolist()),
-                         tuple(trees), learning_rate, (float(target.min()), float(target.max())))
+                         tuple(trees), learning_rate, (float(target.min()), float(target.max())),
+                         tuple(x.min(axis=0).tolist()), tuple(x.max(axis=0).tolist()))
 
 
 class LearnedCostModel:
