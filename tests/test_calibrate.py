@@ -103,6 +103,8 @@ def test_accuracy_measures() -> None:
     assert accuracy([2.0, 2.0, 2.0], [1.0, 2.0, 4.0]).median_rel_error == pytest.approx(0.5)
     agree, pairs = pair_agreement([[1.0, 2.0, 3.0], [5.0, 1.0]], [[1.0, 3.0, 2.0], [2.0, 1.0]])
     assert pairs == 4 and agree == pytest.approx(3 / 4)
+    clear, clear_pairs = pair_agreement([[1.0, 2.0], [1.0, 2.0]], [[1.0, 1.1], [2.0, 1.0]], min_ratio=1.25)
+    assert clear_pairs == 1 and clear == 0.0  # the 10% pair is left out, the clear one is misordered
     with pytest.raises(ValueError):
         accuracy([1.0], [1.0])
 
@@ -119,12 +121,15 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
         assert -1.0 <= report[kind]["kendall_tau"] <= 1.0
         assert report[kind]["median_rel_error"] >= 0.0
         assert 0.0 <= report[kind]["pair_agreement"] <= 1.0 and report[kind]["pairs"] >= 2
+        assert report[kind]["pairs_clear"] <= report[kind]["pairs"]
     assert report["heldout_kernels"] + report["train_kernels"] == 12
     assert report["default_model"] in ("analytic", "learned") and report["file"] == str(out)
     cal = load_calibration(out)
     assert cal.report == {k: v for k, v in report.items() if k not in ("file", "profile", "machine")}
     assert HardwareProfile.load(profile_out) == cal.profile
     assert cal.cost_model().name.endswith(":cpu-2core")
+    assert "-O" in cal.machine["cflags"] and cal.machine["threads"] >= 1 and cal.machine["statistic"] == "median"
+    assert len(cal.profile.op_seconds) >= 10  # the per-op costs were timed
 
     code = main(["calibrate", "--show", str(out), "--report"])
     text = capsys.readouterr().out

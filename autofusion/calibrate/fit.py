@@ -46,13 +46,17 @@ def accuracy(predicted: Sequence[float], measured: Sequence[float]) -> Accuracy:
     return Accuracy(0.0 if math.isnan(tau) else float(tau), float(np.median(np.abs(p - m) / m)), len(p))
 
 
-def pair_agreement(predicted: Sequence[Sequence[float]], measured: Sequence[Sequence[float]]) -> tuple[float, int]:
-    """Over every pair of alternative plans of the same region: the fraction the prediction orders
-    like the measurement, and the number of pairs."""
+def pair_agreement(predicted: Sequence[Sequence[float]], measured: Sequence[Sequence[float]],
+                   min_ratio: float = 1.0) -> tuple[float, int]:
+    """Over every pair of alternative plans of the same region whose measured times differ by at
+    least ``min_ratio``: the fraction the prediction orders like the measurement, and the number of
+    such pairs."""
     agree = total = 0
     for pred, meas in zip(predicted, measured):
         for i in range(len(pred)):
             for j in range(i + 1, len(pred)):
+                if max(meas[i], meas[j]) < min_ratio * min(meas[i], meas[j]):
+                    continue
                 total += 1
                 agree += (pred[i] < pred[j]) == (meas[i] < meas[j])
     return (agree / total if total else 0.0), total

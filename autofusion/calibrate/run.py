@@ -30,12 +30,13 @@ from autofusion.decide.learned import Calibration, LearnedCostModel, fit_learned
 from autofusion.ir import Graph
 from autofusion.ir.graph import FrozenMap
 from autofusion.ops.registry import OpRegistry, default_registry
-from autofusion.runtime import CompileCache, CompileError
+from autofusion.runtime import CompileCache, CompileError, detect_toolchain
 
 TARGET_TAU = 0.8
 KERNEL_SHARE = 0.75  # of the budget, for single kernels; the rest times regions
 OP_COST_SHARE = 0.1  # per-op costs are timed only if the call overhead took less of the budget
 MIN_KERNELS = 8
+CLEAR_RATIO = 1.25  # plans whose measured times differ by this much: a decision that matters
 RENDER_ERRORS = (CodegenError, CompileError)  # a group the backend cannot build is skipped
 
 Progress = Callable[[str, int, int], None]  # (what is being timed, done, total)
@@ -175,9 +176,11 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
     measured = [s.seconds for s in test]
     for kind, model in models.items():
         acc = accuracy([model.group_cost(s.graph, whole(s)).seconds for s in test], measured)
-        agree, pairs = pair_agreement([[_predict(model, r.graph, p) for p in r.partitions] for r in data.regions],
-                                      [r.seconds for r in data.regions])
-        report[kind] = {**acc.to_json(), "pair_agreement": agree, "pairs": pairs, "name": model.name}
+        predicted = [[_predict(model, r.graph, p) for p in r.partitions] for r in data.regions]
+        agree, pairs = pair_agreement(predicted, [r.seconds for r in data.regions])
+        clear, clear_pairs = pair_agreement(predicted, [r.seconds for r in data.regions], CLEAR_RATIO)
+        report[kind] = {**acc.to_json(), "pair_agreement": agree, "pairs": pairs,
+                        "pair_agreement_clear": clear, "pairs_clear": clear_pairs, "name": model.name}
     report["target_met"] = bool(report["learned"]["kendall_tau"] >= TARGET_TAU)  # type: ignore[index]
     default = _choose(report)
     report["default_model"] = default
@@ -185,7 +188,7 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
                "statistic": options.timing.statistic, "load_average": data.load_average,
                "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "measure_seconds": round(data.seconds, 1), "kernels_skipped": data.skipped,
-               "max_elements": options.max_elements, "seed": options.seed,
+               "max_elements": options.max_elements, "seed": options.seed, **_toolchain(),
                "kinds": {k: sum(1 for s in data.kernels if s.kind == k) for k in sorted({s.kind for s in data.kernels})}}
     return Calibration(profile, learned_params, default, report, machine)
 
@@ -206,6 +209,15 @@ def calibrate(options: CalibrationOptions | None = None, progress: Progress | No
     """Measure with ``options`` and fit: the :class:`Calibration` to save and load."""
     options = options or CalibrationOptions()
     return fit(measure(options, progress), options, registry)
+
+
+def _toolchain() -> dict[str, str]:
+    """The compiler and flags the kernels were built with: a calibration is stale once they change."""
+    try:
+        tc = detect_toolchain()
+    except CompileError:
+        return {}
+    return {"compiler": tc.version, "cflags": " ".join(tc.cflags)}
 
 
 def _load() -> float:

@@ -172,10 +172,12 @@ def _print_report(out: Output, calibration: Any, heading: str, path: str, as_jso
     if not full:
         return
     rows = [(kind, r.get("kendall_tau", 0.0), r.get("median_rel_error", 0.0), r.get("pair_agreement", 0.0),
-             r.get("pairs", 0), r.get("name", kind)) for kind, r in (("analytic", analytic), ("learned", learned))]
+             r.get("pairs", 0), r.get("pair_agreement_clear", 0.0), r.get("pairs_clear", 0), r.get("name", kind))
+            for kind, r in (("analytic", analytic), ("learned", learned))]
     out.table(f"held-out accuracy ({report.get('heldout_kernels', 0)} kernels, trained on "
-              f"{report.get('train_kernels', 0)}; {report.get('regions', 0)} regions)",
-              ("model", "kendall tau", "median rel error", "pair agreement", "pairs", "name"), rows)
+              f"{report.get('train_kernels', 0)}; {report.get('regions', 0)} regions; 'clear' pairs differ by 25%+)",
+              ("model", "kendall tau", "median rel error", "pair agreement", "pairs", "clear pairs agreement",
+               "clear pairs", "name"), rows)
     p = calibration.profile
     out.fields("fitted profile", [("peak flop/s", p.peak_flops)]
                + [(f"{c.level} bandwidth (<= {c.bytes:,} B)", c.bandwidth) for c in p.caches]
