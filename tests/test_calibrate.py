@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -109,14 +110,17 @@ def test_accuracy_measures() -> None:
         accuracy([1.0], [1.0])
 
 
-def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "cal.json"
     profile_out = tmp_path / "profile.json"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal: the progress bar shows
     code = main(["calibrate", "--budget", "40", "--kernels", "12", "--regions", "2", "--max-elements", "4096",
                  "--seed", "3", "--repeat-seconds", "0.002", "--cache", CACHE, "--out", str(out), "--profile-out", str(profile_out), "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
+    assert "calibrating" in captured.err  # the progress bar was drawn on stderr, not stdout
     for kind in ("analytic", "learned"):
         assert -1.0 <= report[kind]["kendall_tau"] <= 1.0
         assert report[kind]["median_rel_error"] >= 0.0

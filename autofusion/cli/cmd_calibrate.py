@@ -144,13 +144,14 @@ def _warn_if_busy(statistic: str) -> None:
 
 
 def _with_progress_bar(options: Any) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autofusion.calibrate import calibrate
 
     columns = (TextColumn("[bold]calibrating[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn(f"of {options.budget_seconds:.0f}s"), TextColumn("{task.description}"))
-    with Progress(*columns, transient=True) as bar:
+    with Progress(*columns, transient=True, console=Console(file=sys.stderr)) as bar:
         task = bar.add_task("", total=options.kernels + options.regions)
 
         def update(what: str, done: int, total: int) -> None:
