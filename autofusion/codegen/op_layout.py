@@ -84,7 +84,7 @@ def _concat(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str
     if len(parts) == 1:
         return inl.value(parts[0][0], idx, block)
     var = inl.k.fresh()
-    block.emit(f"{inl.k.ctype_of(node.outputs[0])} {var};")
+    block.emit(f"{inl.k.ctype_of(node.outputs[0])} {var}; /* af:select-source */")  # marks the kernel AF_NO_IF_CONVERT
     start = 0
     for k, (t, n) in enumerate(parts):
         inner = block.child()

@@ -101,10 +101,6 @@ def detect_toolchain(cc: str | None = None, opt: str = "-O3") -> Toolchain:
         raise CompileError(f"C compiler {path!r} does not run: {e}") from None
     # no errno and no FP traps: lets libm calls inline and floor/compare-heavy math helpers vectorise
     base = [opt, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
-    if "gcc" in version.lower() or "free software foundation" in version.lower():
-        # GCC 12 at -O3 -mavx2 vectorises if-converted loops wrongly (Concat's per-index source select
-        # gave wrong values; docs/reliability.md): keep vectorising, but not through if-conversion
-        base.append("-fno-tree-loop-if-convert")
     with tempfile.TemporaryDirectory(prefix="autofusion-probe-") as tmp:
         workdir = Path(tmp)
         for extra, omp in ((["-march=native", "-fopenmp"], True), (["-fopenmp"], True),

@@ -18,6 +18,13 @@
 
 #define AF_API __attribute__((visibility("default")))
 #define AF_INTERNAL __attribute__((visibility("hidden")))
+/* GCC 12 at -O3 -mavx2 vectorises Concat's if-converted per-index source select wrongly
+   (docs/reliability.md): kernels that select a source per index are compiled without if-conversion */
+#if defined(__GNUC__) && !defined(__clang__)
+#define AF_NO_IF_CONVERT __attribute__((optimize("no-tree-loop-if-convert")))
+#else
+#define AF_NO_IF_CONVERT
+#endif
 
 typedef union { float f; int32_t i; } af_f32bits;
 
