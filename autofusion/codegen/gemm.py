@@ -301,7 +301,8 @@ class _Gemm:
     def _emit(self, segments: list[_Segment], late: list[tuple[str, str]], label: str = "") -> str:
         core_names = {s.node.name for s in segments}
         seg_data = [self._segment_data(s) for s in segments]
-        tile_floats = max((TILE_M * TILE_N for s in segments if not s.ybuf), default=0)
+        # the tile buffer holds the largest tile actually used (up to 1.5 x TILE_M by 1.5 x TILE_N)
+        tile_floats = max((d["mb"] * d["nb"] for s, d in zip(segments, seg_data) if not s.ybuf), default=0)
         flops = sum(2 * s.rows * s.n * s.k * s.calls for s in segments)
         tiles = sum(d["tiles"] for d in seg_data)
         if late:

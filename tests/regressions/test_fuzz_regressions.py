@@ -65,3 +65,23 @@ def test_concat_of_one_tensor_twice_in_the_unfused_runner() -> None:
     g = b.build([y])
     feeds = {"x": np.arange(6, dtype=np.float32).reshape(1, 3, 2)}
     assert compare_outputs(run_graph(g, feeds), UnfusedRunner(g, cache=CACHE).run(feeds)).ok
+
+
+def test_gemm_epilogue_tile_larger_than_the_default_tile() -> None:
+    """A 425x32 @ 32x600 product uses tiles wider than the 128x512 default (up to 1.5x in each direction):
+    the tile buffer must be sized from the tile used, not the default (it overflowed the heap)."""
+    from autofusion.decide import build_groups
+    from autofusion.decide.plan import ZERO_COST, Plan
+    from autofusion.runtime import CompiledModel
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("big_tile")
+    x = b.input("x", (425, 32))
+    w = b.const(rng.standard_normal((32, 600)).astype(np.float32))
+    y = b.op("Add", b.op("MatMul", x, w, name="mm"), b.const(rng.standard_normal(600).astype(np.float32)),
+             name="bias")
+    g = b.build([y])
+    groups = build_groups(g, [["mm", "bias"]], template_of=lambda nodes: "gemm_epilogue")
+    feeds = {"x": rng.standard_normal((425, 32)).astype(np.float32)}
+    got = CompiledModel(Plan(g, groups, ZERO_COST, ZERO_COST), cache=CACHE).run(feeds)
+    assert compare_outputs(run_graph(g, feeds), got).ok
