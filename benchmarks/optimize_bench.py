@@ -67,15 +67,17 @@ def time_case(name: str, repeat: int) -> dict[str, Any]:
     runs = []
     plan = None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = optimize(graph)
-        total = time.perf_counter() - t0
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
         st = plan.stats
-        runs.append({"total_s": total, "rules_s": st["seconds_rules"], "saturate_s": st["seconds_saturate"],
+        # cpu_s: CPU seconds of this process; on a shared machine it stays near the idle-machine wall time
+        runs.append({"total_s": total, "cpu_s": cpu, "rules_s": st["seconds_rules"], "saturate_s": st["seconds_saturate"],
                      "extract_s": st["seconds_extract"], "saturation_stop": st["saturation"]["stop"]})
     assert plan is not None
     return {"case": name, "nodes": len(graph.nodes), "build_s": build_s, "runs": runs,
             "median_total_s": statistics.median(r["total_s"] for r in runs),
+            "median_cpu_s": statistics.median(r["cpu_s"] for r in runs),
             "kernels_before": int(plan.stats["kernels_source"]), "kernels_after": plan.kernels,
             "rss_before_optimize_bytes": rss_before, "peak_rss_bytes": (peak_rss_kib() or 0) * 1024}
 
@@ -251,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-quality", action="store_true")
     p.add_argument("--no-kernels", action="store_true")
     p.add_argument("--builtin-bert", action="store_true", help="skip the torch/transformers export")
+    p.add_argument("--fresh", action="store_true", help="start a new result file instead of updating it")
     p.add_argument("--child-time", metavar="CASE", help=argparse.SUPPRESS)
     p.add_argument("--child-export", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--child-export-builtin", metavar="PATH", help=argparse.SUPPRESS)
@@ -265,15 +268,21 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     from autofusion.bench.environment import load_average, machine_info
 
-    result: dict[str, Any] = {"machine": machine_info(), "load_average_before": load_average()}
-    if not args.no_speed:
-        result["speed"] = speed([c.strip() for c in args.cases.split(",") if c.strip()], args.repeat)
-    if not args.no_quality:
-        result["quality"] = quality()
-    if not args.no_kernels:
-        result["kernels"] = kernels(real=not args.builtin_bert)
-    result["load_average_after"] = load_average()
     out = Path(args.out)
+    # sections not run this time are kept from the file; each records the load it ran under
+    result: dict[str, Any] = json.loads(out.read_text()) if out.exists() and not args.fresh else {}
+    result["machine"] = machine_info()
+    sections = {"speed": lambda: speed([c.strip() for c in args.cases.split(",") if c.strip()], args.repeat),
+                "quality": quality, "kernels": lambda: kernels(real=not args.builtin_bert)}
+    for key, run in sections.items():
+        if getattr(args, f"no_{key}"):
+            continue
+        before = load_average()
+        section = run()
+        if key == "speed":  # merge timing cases: one case can be rerun alone
+            section = {**result.get("speed", {}), **section}
+        result[key] = section
+        result[f"{key}_load_average"] = {"before": before, "after": load_average()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

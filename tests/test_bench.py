@@ -35,14 +35,15 @@ FAST = ["--repeat", "1", "--warmup", "0", "--pause", "0"]
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tuple[int, dict, str]]:
-    """One bench run per tiny model, shared by the tests below (torch.compile left out: it is tested
-    on its own on a small graph, its compile alone would take most of the test budget)."""
+    """One bench run per tiny model, shared by the tests below: bert-tiny with a process per runner
+    (the default), resnet-tiny in-process. torch.compile is left out: it is tested on its own on a
+    small graph, its compile alone would take most of the test budget."""
     out = {}
-    for model in ("bert-tiny", "resnet-tiny"):
+    for model, isolation in (("bert-tiny", []), ("resnet-tiny", ["--in-process"])):
         with pytest.MonkeyPatch.context() as mp:
             captured: list[str] = []
             mp.setattr(sys, "stdout", _Sink(captured))
-            code = main(["bench", model, *FAST, "--json", "--skip", "torch_compile"])
+            code = main(["bench", model, *FAST, "--json", "--skip", "torch_compile", *isolation])
         out[model] = (code, json.loads("".join(captured)), "")
     return out
 
@@ -139,7 +140,9 @@ def test_ratios_agree_with_the_runner_numbers(runs: dict, model: str) -> None:
 
 
 def test_json_records_the_conditions(runs: dict) -> None:
+    assert runs["resnet-tiny"][1]["isolation"] == "in-process"
     _, data, _ = runs["bert-tiny"]
+    assert data["isolation"] == "one process per runner"
     assert data["threads"] == 2 and data["repeat"] == 1 and data["warmup"] == 0
     assert "OMP_NUM_THREADS=2" in data["thread_limits"]
     assert data["machine"]["cpus_usable"] >= 1
@@ -148,7 +151,7 @@ def test_json_records_the_conditions(runs: dict) -> None:
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["bench", "bert-tiny", *FAST, "--runners", "reference,fused"])
+    code = main(["bench", "bert-tiny", *FAST, "--runners", "reference,fused", "--in-process"])
     out = capsys.readouterr().out
     assert code == 0
     assert "median ms" in out and "fused" in out and "reference" in out
@@ -164,7 +167,7 @@ def test_progress_bar_goes_to_a_terminal_stderr_only(capsys: pytest.CaptureFixtu
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    code = main(["bench", "bert-tiny", *FAST, "--runners", "fused", "--json"])
+    code = main(["bench", "bert-tiny", *FAST, "--runners", "fused", "--json", "--in-process"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["runners"]["fused"]["outputs_ok"]
     assert terminal.getvalue()  # rich drew (and, being transient, erased) its bar there
@@ -183,7 +186,8 @@ def test_bad_options_are_usage_errors(capsys: pytest.CaptureFixture[str], argv: 
 
 
 def test_a_mismatch_is_loud_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["bench", "bert-tiny", *FAST, "--runners", "unfused", "--rtol", "0", "--atol", "1e-12", "--json"])
+    code = main(["bench", "bert-tiny", *FAST, "--runners", "unfused", "--rtol", "0", "--atol", "1e-12", "--json",
+                 "--in-process"])
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     if data["runners"]["unfused"]["max_abs_error"] == 0.0:
@@ -386,3 +390,13 @@ def test_optimize_bench_counts_kernels_against_onnxruntime(tmp_path: Path) -> No
     before, after = counted["intermediate_bytes_before"], counted["intermediate_bytes_after"]
     assert counted["intermediate_reduction"] == pytest.approx(1 - after / before)
     assert counted["met_kernels"] == (counted["ours_kernels"] < counted["ort_all_kernels"])
+
+
+def test_a_crashing_worker_is_a_failed_runner(tmp_path: Path) -> None:
+    from autofusion.bench.worker import measure_in_worker
+
+    job = tmp_path / "job.pkl"
+    job.write_bytes(b"not a pickle")
+    measured = measure_in_worker(job, "fused")
+    assert measured.result is None
+    assert measured.failed is not None and "worker process exited with status 1" in measured.failed

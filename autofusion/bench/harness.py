@@ -1,17 +1,22 @@
-"""The benchmark loop: prepare every runner, check its outputs against the reference, measure
-memory on its first run, then for each runner in turn warm up and time it, and take medians.
+"""The benchmark loop: one runner after another, each prepared, checked against the reference and
+probed for memory on its first run, warmed up, timed, and summarised by medians.
 
 Each runner is timed in one block rather than round-robin: thread pools (onnxruntime's, OpenMP's)
-keep spinning for a while after a run, and interleaving would charge that to the next runner.
+keep spinning for a while after a run, and interleaving would charge that to the next runner. The
+command line goes further and gives each runner its own process (``isolate``): with every runtime
+loaded in one process, idle pools and torch.compile's background workers slowed the others
+several times over on a 2-core machine.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,7 +29,7 @@ from autofusion.bench.environment import (
     peak_rss_delta,
     peak_traced,
 )
-from autofusion.bench.opaque import FUSED_METHOD, UNFUSED_METHOD, has_kernel_hook, time_ops
+from autofusion.bench.opaque import FUSED_METHOD, UNFUSED_METHOD, OpTimes, has_kernel_hook, time_ops
 from autofusion.bench.runners import BenchSetup, Outputs, Runner, RunnerFactory, RunnerSkipped, prepare
 from autofusion.runtime import compare_outputs
 
@@ -94,63 +99,87 @@ class BenchResult:
         return [r.name for r in self.runners if not r.outputs_ok]
 
 
-@dataclass
-class _Live:
-    runner: Runner
-    first_outputs: Outputs
-    probe: MemoryProbe
-    measured_extra: dict[str, Any]
-    times: list[float] = field(default_factory=list)
+@dataclass(frozen=True)
+class Measured:
+    """What measuring one runner gave: a result, or why it was skipped or failed."""
+
+    name: str
+    result: RunnerResult | None = None
+    skipped: str | None = None
+    failed: str | None = None
+    op_times: OpTimes | None = None
+
+
+def measure(name: str, setup: BenchSetup, reference: Outputs, repeat: int, warmup: int, rtol: float, atol: float,
+            factories: Mapping[str, RunnerFactory] | None = None, step: Callable[[str], None] | None = None) -> Measured:
+    """Prepare runner ``name``, check and probe its first run, warm it up, time it ``repeat`` times;
+    for the unfused and fused runners also time their graphs kernel by kernel."""
+    step = step or (lambda _: None)
+    step(f"preparing {name}")
+    try:
+        runner = prepare(name, setup, factories)
+        outputs, probe, extra = _first_run(runner)
+    except RunnerSkipped as e:
+        return Measured(name, skipped=str(e))
+    except Exception as e:  # a runner that should work and did not: reported, never hidden
+        return Measured(name, failed=f"{type(e).__name__}: {e}")
+    for _ in range(warmup):
+        step(f"warm-up {name}")
+        runner.call()
+    times: list[float] = []
+    for _ in range(repeat):
+        step(f"timing {name}")
+        t0 = time.perf_counter()
+        runner.call()
+        times.append(time.perf_counter() - t0)
+    op_times = None
+    if name in ("unfused", "fused") and has_kernel_hook():
+        step(f"kernel by kernel {name}")
+        graph = setup.graph if name == "unfused" else setup.plan.graph
+        op_times = time_ops(graph, setup.feeds, repeat, setup.threads)
+    return Measured(name, _result(runner, outputs, probe, extra, times, reference, rtol, atol), op_times=op_times)
 
 
 def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup: int = 2,
               progress: Progress | None = None, rtol: float = RTOL, atol: float = ATOL,
-              pause: float = PAUSE_SECONDS, factories: Mapping[str, RunnerFactory] | None = None) -> BenchResult:
-    """Measure the runners ``names`` side by side on ``setup``; ``repeat`` timed runs after ``warmup``,
-    with ``pause`` seconds of rest before each runner's block. ``factories`` adds or replaces runners."""
+              pause: float = PAUSE_SECONDS, factories: Mapping[str, RunnerFactory] | None = None,
+              isolate: bool = False) -> BenchResult:
+    """Measure the runners ``names`` one after another on ``setup``: ``repeat`` timed runs after
+    ``warmup``, with ``pause`` seconds of rest before each. ``factories`` adds or replaces runners
+    (in this process only). With ``isolate`` each runner runs in a fresh worker process, so no other
+    runtime's thread pools or background work share the machine with it."""
     progress = progress or NoProgress()
     started = time.perf_counter()
     limits = limit_threads(setup.threads)
     fix_malloc_threshold()
     load_before = load_average()
-    progress.start(len(names) * (2 + warmup + repeat) + 2)
+    progress.start(len(names) * (3 + warmup + repeat) + 1)
     progress.step("reference outputs")
     from autofusion.ir.interpreter import run_graph
 
     reference = run_graph(setup.graph, setup.feeds, setup.registry)
-    live: list[_Live] = []
-    skipped: dict[str, str] = {}
-    failed: dict[str, str] = {}
-    for name in names:
-        progress.step(f"preparing {name}")
-        try:
-            runner = prepare(name, setup, factories)
-            outputs, probe, extra = _first_run(runner)
-        except RunnerSkipped as e:
-            skipped[name] = str(e)
-            progress.step(f"{name} skipped")
-            continue
-        except Exception as e:  # a runner that should work and did not: reported, never hidden
-            failed[name] = f"{type(e).__name__}: {e}"
-            progress.step(f"{name} failed")
-            continue
-        live.append(_Live(runner, outputs, probe, extra))
-        progress.step(f"checked {name}")
-    for item in live:
-        time.sleep(pause)  # the previous runner's thread pools stop spinning before this one is timed
-        for _ in range(warmup):
-            progress.step(f"warm-up {item.runner.name}")
-            item.runner.call()
-        for _ in range(repeat):
-            progress.step(f"timing {item.runner.name}")
-            t0 = time.perf_counter()
-            item.runner.call()
-            item.times.append(time.perf_counter() - t0)
-    results = [_result(item, reference, rtol, atol) for item in live]
-    progress.step("time outside opaque cores")
-    results = _with_outside_opaque(setup, results, repeat)
-    return BenchResult(tuple(results), skipped, failed, repeat, warmup, setup.threads, rtol, atol, tuple(limits),
-                       load_before, load_average(), time.perf_counter() - started)
+    measured: list[Measured] = []
+    with tempfile.TemporaryDirectory(prefix="autofusion-bench-") as tmp:
+        job = Path(tmp) / "job.pkl"
+        if isolate:
+            from autofusion.bench.worker import write_job
+
+            write_job(job, setup, reference, repeat, warmup, rtol, atol)
+        for name in names:
+            time.sleep(pause)  # the previous runner's thread pools stop spinning before this one starts
+            if isolate:
+                from autofusion.bench.worker import measure_in_worker
+
+                progress.step(f"{name} (in its own process)")
+                measured.append(measure_in_worker(job, name))
+            else:
+                measured.append(measure(name, setup, reference, repeat, warmup, rtol, atol, factories,
+                                        progress.step))
+    results = _with_outside_opaque([m.result for m in measured if m.result is not None],
+                                   {m.name: m.op_times for m in measured if m.op_times is not None})
+    return BenchResult(tuple(results), {m.name: m.skipped for m in measured if m.skipped is not None},
+                       {m.name: m.failed for m in measured if m.failed is not None}, repeat, warmup, setup.threads,
+                       rtol, atol, tuple(limits), load_before, load_average(), time.perf_counter() - started)
 
 
 def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
@@ -163,6 +192,7 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
     if runner.memory == "rss":
         probe = peak_rss_delta(once)
     elif runner.memory == "tracemalloc":
+        once()  # untraced: one-time caches (imports, lookup tables) are not activations
         probe = peak_traced(once)
     else:
         probe = MemoryProbe(runner.planned_peak, runner.planned_method)
@@ -171,43 +201,35 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
     return box["out"], probe, extra
 
 
-def _result(item: _Live, reference: Outputs, rtol: float, atol: float) -> RunnerResult:
+def _result(r: Runner, outputs: Outputs, probe: MemoryProbe, extra: dict[str, Any], times: list[float],
+            reference: Outputs, rtol: float, atol: float) -> RunnerResult:
     with np.errstate(divide="ignore", invalid="ignore"):  # zero tolerances divide by zero in the check
-        report = compare_outputs(reference, item.first_outputs, rtol, atol)
+        report = compare_outputs(reference, outputs, rtol, atol)
     errors = [d.max_abs for d in report.diffs]
-    times_ms = tuple(t * 1e3 for t in item.times)
-    r = item.runner
-    extra = dict(item.measured_extra)
+    times_ms = tuple(t * 1e3 for t in times)
     return RunnerResult(r.name, statistics.median(times_ms) if times_ms else float("nan"), times_ms,
-                        item.probe.peak_bytes, item.probe.method, r.kernels, r.kernels_method, r.setup_seconds,
-                        max(errors, default=0.0), report.ok, report.summary(), extra=extra)
+                        probe.peak_bytes, probe.method, r.kernels, r.kernels_method, r.setup_seconds,
+                        max(errors, default=0.0), report.ok, report.summary(), extra=dict(extra))
 
 
-def _with_outside_opaque(setup: BenchSetup, results: list[RunnerResult], repeat: int) -> list[RunnerResult]:
+def _with_outside_opaque(results: list[RunnerResult], op_times: Mapping[str, OpTimes]) -> list[RunnerResult]:
+    """Unfused: its non-opaque kernels, measured. Fused: its median minus its plan's opaque cores."""
     from dataclasses import replace
 
-    by_name = {r.name: r for r in results}
-    if not ({"unfused", "fused"} & set(by_name)):
-        return results
-    if not has_kernel_hook():
-        return [replace(r, outside_opaque_method="unavailable: the op-by-op runner offers no per-kernel hook")
-                if r.name in ("unfused", "fused") else r for r in results]
-    source = time_ops(setup.graph, setup.feeds, repeat, setup.threads)
-    same = setup.plan.graph is setup.graph or setup.plan.graph == setup.graph
-    rewritten = source if same else time_ops(setup.plan.graph, setup.feeds, repeat, setup.threads)
     out = []
     for r in results:
-        if r.name == "unfused":
-            r = replace(r, outside_opaque_ms=source.other_calls * 1e3, outside_opaque_method=UNFUSED_METHOD,
-                        extra={**r.extra, "opaque_core_ms": source.opaque_core * 1e3,
-                               "outside_opaque_best_ms": source.other_calls_best * 1e3,
-                               "opaque_core_best_ms": source.opaque_core_best * 1e3})
-        elif r.name == "fused":
-            r = replace(r, outside_opaque_ms=r.median_ms - rewritten.opaque_core * 1e3,
-                        outside_opaque_method=FUSED_METHOD,
-                        extra={**r.extra, "opaque_core_ms": rewritten.opaque_core * 1e3,
-                               "outside_opaque_best_ms": min(r.times_ms, default=math.nan)
-                               - rewritten.opaque_core_best * 1e3,
-                               "opaque_core_best_ms": rewritten.opaque_core_best * 1e3})
+        t = op_times.get(r.name)
+        if r.name in ("unfused", "fused") and t is None:
+            r = replace(r, outside_opaque_method="unavailable: the op-by-op runner offers no per-kernel hook")
+        elif r.name == "unfused" and t is not None:
+            r = replace(r, outside_opaque_ms=t.other_calls * 1e3, outside_opaque_method=UNFUSED_METHOD,
+                        extra={**r.extra, "opaque_core_ms": t.opaque_core * 1e3,
+                               "outside_opaque_best_ms": t.other_calls_best * 1e3,
+                               "opaque_core_best_ms": t.opaque_core_best * 1e3})
+        elif r.name == "fused" and t is not None:
+            r = replace(r, outside_opaque_ms=r.median_ms - t.opaque_core * 1e3, outside_opaque_method=FUSED_METHOD,
+                        extra={**r.extra, "opaque_core_ms": t.opaque_core * 1e3,
+                               "outside_opaque_best_ms": min(r.times_ms, default=math.nan) - t.opaque_core_best * 1e3,
+                               "opaque_core_best_ms": t.opaque_core_best * 1e3})
         out.append(r)
     return out

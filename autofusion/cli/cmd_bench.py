@@ -36,6 +36,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--pause", type=float, default=None, metavar="S",
                    help="seconds of rest before each runner is timed, so thread pools of the previous one go "
                         "idle (default 0.5)")
+    p.add_argument("--in-process", action="store_true",
+                   help="measure every runner in this process instead of one fresh process each (faster to "
+                        "start; the runtimes' thread pools then share the machine)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -92,13 +95,14 @@ def run(args: argparse.Namespace) -> int:
     with _progress() as progress:
         result = run_bench(setup, names, args.repeat, args.warmup, progress,
                            RTOL if args.rtol is None else args.rtol, ATOL if args.atol is None else args.atol,
-                           PAUSE_SECONDS if args.pause is None else args.pause)
+                           PAUSE_SECONDS if args.pause is None else args.pause, isolate=not args.in_process)
     summary = plan_summary(plan, loaded.graph, registry)
     meta = {
         "model": loaded.source,
         "graph": loaded.graph.name,
         "inputs": {n: list(loaded.graph.types[n].shape) for n in loaded.graph.inputs},
         "strategy": plan.strategy,
+        "isolation": "in-process" if args.in_process else "one process per runner",
         "plan": {k: summary[k] for k in ("kernels_before", "kernels_after", "intermediate_bytes_before",
                                          "intermediate_bytes_after", "seconds")},
         "machine": machine_info(),
