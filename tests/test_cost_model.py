@@ -200,9 +200,11 @@ def test_malformed_calibration_files_are_named_errors(tmp_path: Path, mutate, me
         load_calibration(path)
 
 
-def test_shipped_calibration_is_the_default_and_names_its_model(monkeypatch, tmp_path: Path) -> None:
+def test_shipped_calibration_loads_by_name_and_names_its_model(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.delenv("AUTOFUSION_CALIBRATION", raising=False)
     monkeypatch.setenv("AUTOFUSION_CACHE", str(tmp_path))  # no user calibration there
+    assert calibration_file() is None and default_cost_model().name == "analytic:cpu-2core"
+    monkeypatch.setenv("AUTOFUSION_CALIBRATION", str(SHIPPED_CALIBRATION))
     assert calibration_file() == SHIPPED_CALIBRATION
     shipped = load_calibration(SHIPPED_CALIBRATION)
     model = default_cost_model()
@@ -241,7 +243,7 @@ def test_a_broken_user_calibration_falls_back_with_a_warning(monkeypatch, tmp_pa
 def test_optimize_uses_the_default_model_and_the_plan_names_it(monkeypatch, tmp_path: Path) -> None:
     from autofusion.api import optimize
 
-    monkeypatch.delenv("AUTOFUSION_CALIBRATION", raising=False)
+    monkeypatch.setenv("AUTOFUSION_CALIBRATION", str(SHIPPED_CALIBRATION))
     monkeypatch.setenv("AUTOFUSION_CACHE", str(tmp_path))
     b = GraphBuilder("small")
     x = b.input("x", (32, 64), DType.FLOAT32)

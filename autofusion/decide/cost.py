@@ -348,8 +348,9 @@ def user_calibration_path() -> Path:
 
 def calibration_file() -> Path | None:
     """The calibration the engine uses by default, first found of: ``$AUTOFUSION_CALIBRATION`` (a
-    path; ``none`` turns calibration off), the user's calibration (:func:`user_calibration_path`),
-    the calibration shipped for the 2-core CPU profile."""
+    path; ``none`` turns calibration off) and the user's calibration (:func:`user_calibration_path`).
+    The calibration shipped in ``profiles/calibrated`` is not a default: it was measured with compiler
+    flags the runtime no longer uses (name it in the variable to use it anyway)."""
     env = os.environ.get(CALIBRATION_ENV, "").strip()
     if env.lower() in CALIBRATION_OFF:
         return None
@@ -360,9 +361,7 @@ def calibration_file() -> Path | None:
                              f"(run `autofusion calibrate --out {env}` or unset it)")
         return path
     user = user_calibration_path()
-    if user.is_file():
-        return user
-    return SHIPPED_CALIBRATION if SHIPPED_CALIBRATION.is_file() else None
+    return user if user.is_file() else None
 
 
 def default_cost_model(registry: OpRegistry | None = None) -> CostModel:
