@@ -79,7 +79,9 @@ def test_two_processes_compile_the_same_model_at_once_then_after_corruption(tmp_
         elif entry != lib:
             entry.with_name(entry.name + ".sha256").write_text("0" * 64)
     second = _race(cache, go)
-    assert all(int(line.split()[1]) >= 1 for line in second)  # each saw the damage as a miss
+    # the damage is detected (a miss and a rebuild); the process that comes second may then find the
+    # rebuilt entry intact, so only one miss is guaranteed
+    assert any(int(line.split()[1]) >= 1 for line in second)
     third = _race(cache, go)
     assert all(int(line.split()[1]) == 0 for line in third)  # the rebuilt entries are intact again
 
