@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     # sections not run this time are kept from the file; each records the load it ran under
     result: dict[str, Any] = json.loads(out.read_text()) if out.exists() and not args.fresh else {}
+    for stale in ("load_average_before", "load_average_after"):  # whole-file loads of older versions
+        result.pop(stale, None)
     result["machine"] = machine_info()
     sections = {"speed": lambda: speed([c.strip() for c in args.cases.split(",") if c.strip()], args.repeat),
                 "quality": quality, "kernels": lambda: kernels(real=not args.builtin_bert)}
