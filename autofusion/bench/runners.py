@@ -189,12 +189,14 @@ def _torch_compile(setup: BenchSetup) -> Runner:
     from autofusion.bench.torch_fx import numpy_outputs
 
     torch, module, args = _torch_module(setup)
+    metrics: Any = None
     try:
-        import torch._inductor.metrics as metrics
+        import torch._inductor.metrics
 
+        metrics = torch._inductor.metrics
         metrics.reset()
     except ImportError:
-        metrics = None
+        pass
     compiled = torch.compile(module)  # the default backend: inductor
 
     def call() -> Outputs:
