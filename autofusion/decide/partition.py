@@ -10,7 +10,7 @@ from autofusion.ir.graph import Graph
 class Partition:
     """Mutable union of nodes into groups (used inside a strategy only; plans are immutable).
 
-    ``group_of(n)`` is a representative node name. Topological indices bound cycle searches: a group
+    Topological indices bound cycle searches: a group
     whose first node comes after the target group's last node cannot reach it.
     """
 
@@ -35,9 +35,6 @@ class Partition:
         p._members = {k: set(v) for k, v in self._members.items()}
         p._succ_cache = self._succ_cache
         return p
-
-    def group_of(self, node: str) -> str:
-        return self._owner[node]
 
     def members(self, node: str) -> frozenset[str]:
         return frozenset(self._members[self._owner[node]])

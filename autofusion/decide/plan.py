@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -108,9 +107,6 @@ class Plan:
     def kernels(self) -> int:
         """Kernels launched: groups made only of view ops (Reshape...) cost none."""
         return sum(1 for g in self.groups if g.template != "view")
-
-    def group_of(self) -> Mapping[str, FusedGroup]:
-        return {n: g for g in self.groups for n in g.nodes}
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (the graph itself is not serialised)."""

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
 from autofusion.ir.graph import Const, Node
 from autofusion.ir.types import TensorType
 from autofusion.ops.registry import InferContext, OpRegistry, ShapeError
@@ -44,7 +42,3 @@ def infer_node(
     except (ValueError, IndexError, TypeError, KeyError) as e:
         raise ShapeError(f"node {node.name!r} ({node.op}): bad inputs or attributes: {e}") from None
     return outs[: len(node.outputs)] if node.outputs else outs
-
-
-def constant_like(array: np.ndarray) -> Const:
-    return Const(array)

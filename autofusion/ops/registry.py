@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.ir.graph import FrozenMap, Node
-from autofusion.ir.types import DType, TensorType
+from autofusion.ir.types import TensorType
 
 
 class OpClass(enum.StrEnum):
@@ -197,19 +196,9 @@ def default_registry() -> OpRegistry:
     return OpRegistry(catalog.all_ops())
 
 
-def numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     """Numpy broadcasting of shapes; raises ShapeError when they do not broadcast."""
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError:
         raise ShapeError(f"shapes {', '.join(map(str, map(tuple, shapes)))} do not broadcast") from None
-
-
-def promote(dtypes: Iterable[DType]) -> DType:
-    """Elementwise ops in ONNX need equal types; take the first and let the verifier check."""
-    ds = list(dtypes)
-    return ds[0]

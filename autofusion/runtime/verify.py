@@ -75,7 +75,9 @@ def _float_diff(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: floa
     err = np.where(np.isnan(b), 0.0, np.abs(a - b))
     err = np.where(np.isinf(b) & (a == b), 0.0, err)
     err = np.where(np.isnan(err), np.inf, err)
-    ratio = err / (atol + rtol * np.abs(np.where(np.isinf(b), 1.0, b)))
+    bound = atol + rtol * np.abs(np.where(np.isinf(b), 1.0, b))
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero bound: exact equality is ratio 0
+        ratio = np.where(err == 0.0, 0.0, err / bound)
     return OutputDiff(name, float(err.max()), float(ratio.max()), bool(same_nan.all() and ratio.max() <= 1.0))
 
 

@@ -85,3 +85,9 @@ def test_gemm_epilogue_tile_larger_than_the_default_tile() -> None:
     feeds = {"x": rng.standard_normal((425, 32)).astype(np.float32)}
     got = CompiledModel(Plan(g, groups, ZERO_COST, ZERO_COST), cache=CACHE).run(feeds)
     assert compare_outputs(run_graph(g, feeds), got).ok
+
+
+def test_compare_outputs_with_zero_tolerance_accepts_equal_and_rejects_different() -> None:
+    same = {"y": np.ones(2, np.float32)}
+    assert compare_outputs(same, same, rtol=0, atol=0).ok
+    assert not compare_outputs(same, {"y": np.array([1, 1.5], np.float32)}, rtol=0, atol=0).ok

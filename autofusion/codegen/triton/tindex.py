@@ -15,6 +15,7 @@ strides = cix.strides
 paren = cix.paren
 add = cix.add
 mul = cix.mul
+linear = cix.linear  # only + and *: the same text in C and Python
 
 
 def div(a: str, k: int) -> str:
@@ -31,15 +32,6 @@ def mod(a: str, k: int) -> str:
     if cix.is_int(a):
         return str(int(a) % k)
     return f"{paren(a)} % {k}"
-
-
-def linear(idx: Index, shape: Sequence[int]) -> str:
-    """The row-major offset of ``idx`` in a contiguous tensor of ``shape``."""
-    terms = "0"
-    for e, s, n in zip(idx, strides(shape), shape):
-        if n != 1:
-            terms = add(terms, mul(e, s))
-    return terms
 
 
 def delinear(flat: str, shape: Sequence[int]) -> Index:
