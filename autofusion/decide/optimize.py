@@ -47,8 +47,10 @@ def regions_of(space: FusionSpace) -> list[tuple[str, ...]]:
     return out
 
 
-def region_signature(space: FusionSpace, nodes: Sequence[str]) -> tuple:  # type: ignore[type-arg]
-    """Structure of a region without weights' values: equal signatures, same best partition."""
+def region_signature(space: FusionSpace, nodes: Sequence[str],
+                     pairs: Sequence[tuple[str, str]] | None = None) -> tuple:  # type: ignore[type-arg]
+    """Structure of a region without weights' values: equal signatures, same best partition.
+    ``pairs``, the region's permitted pairs when known, saves a scan of the whole space."""
     g = space.graph
     pos = {n: i for i, n in enumerate(nodes)}
     sig = []
@@ -67,9 +69,13 @@ def region_signature(space: FusionSpace, nodes: Sequence[str]) -> tuple:  # type
             outs.append((g.types.get(o), o in g.outputs, sum(1 for c in users if c.name not in pos)))
         sig.append((node.op, node.attrs, tuple(ins), tuple(outs)))
     perms = []
-    for (a, b), ps in list(space.edges.items()) + [(k, v) for k, v in space.siblings.items()]:
-        if a in pos and b in pos:
-            perms.append((pos[a], pos[b], tuple(p.rule.name for p in ps)))
+    if pairs is None:
+        pairs = [k for k in [*space.edges, *space.siblings] if k[0] in pos and k[1] in pos]
+    for a, b in set(pairs):
+        for permitted in (space.edges, space.siblings):
+            ps = permitted.get((a, b))
+            if ps is not None:
+                perms.append((pos[a], pos[b], tuple(p.rule.name for p in ps)))
     return (tuple(sig), tuple(sorted(perms)))
 
 
@@ -107,7 +113,7 @@ def decide(
     regions = regions_of(space)
     pairs_by_region = _pairs_by_region(space, regions)
     for nodes, pairs in zip(regions, pairs_by_region):
-        sig = region_signature(space, nodes) if reuse_regions else None
+        sig = region_signature(space, nodes, pairs) if reuse_regions else None
         known = solved.get(sig) if sig is not None else None
         if known is not None and _apply(partition, nodes, known):
             reused += 1
@@ -155,15 +161,14 @@ def _pairs_by_region(space: FusionSpace, regions: list[tuple[str, ...]]) -> list
 
 
 def _apply(partition: Partition, nodes: Sequence[str], layout: list[list[int]]) -> bool:
-    """Merge the groups of ``layout`` (positions in ``nodes``) if the plan stays acyclic."""
-    trial = partition.copy()
+    """Merge the groups of ``layout`` (positions in ``nodes``) if the plan stays acyclic; otherwise
+    leave ``partition`` as it was (only the groups of ``nodes`` change, so only they are saved)."""
+    saved = partition.save(nodes)
     for g in layout:
         for i in g[1:]:
-            if not trial.can_merge(nodes[g[0]], nodes[i]):
+            if not partition.can_merge(nodes[g[0]], nodes[i]):
+                partition.restore(saved)
                 return False
-            trial.merge(nodes[g[0]], nodes[i])
-    for g in layout:
-        for i in g[1:]:
             partition.merge(nodes[g[0]], nodes[i])
     return True
 

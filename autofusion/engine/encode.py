@@ -1,7 +1,8 @@
 """Graphs as e-graph terms.
 
-A tensor is an ``Expr``. ``(Op op attrs args)`` applies an op (attributes as canonical text, inputs
-as a ``Cons`` list); ops with several outputs are read through ``(Proj op i)``. Leaves: graph
+A tensor is an ``Expr``. ``(Op op attrs args arity)`` applies an op (attributes as canonical text,
+inputs as a ``Cons`` list, and their count, so a pattern checks the count without naming the list's
+``Nil``); ops with several outputs are read through ``(Proj op i)``. Leaves: graph
 inputs ``(In id)``, named constants ``(Cst id)``, scalar constants ``(Num value dtype shape)`` and
 small integer vectors ``(Vec text)`` (shapes, axes). Every term the engine creates has an integer
 handle ``(Ref id)`` in its e-class, so a row of the serialized e-graph can be named again later.
@@ -28,7 +29,7 @@ from autofusion.ops.registry import OpRegistry
 DECLARATIONS = """
 (datatype*
   (Expr
-    (Op String String Args)
+    (Op String String Args i64)
     (Proj Expr i64)
     (In i64)
     (Cst i64)
@@ -50,7 +51,7 @@ DECLARATIONS = """
 (rule ((t-cst id)) ((union (Ref id) (Cst id))) :ruleset build)
 (rule ((t-num id v d s)) ((union (Ref id) (Num v d s))) :ruleset build)
 (rule ((t-vec id s)) ((union (Ref id) (Vec s))) :ruleset build)
-(rule ((t-op id op at n)) ((union (Ref id) (Op op at (ArgsFrom id 0))) (union (ArgsFrom id n) (Nil))) :ruleset build)
+(rule ((t-op id op at n)) ((union (Ref id) (Op op at (ArgsFrom id 0) n)) (union (ArgsFrom id n) (Nil))) :ruleset build)
 (rule ((t-op id op at n) (t-arg id k c)) ((union (ArgsFrom id k) (Cons (Ref c) (ArgsFrom id (+ k 1))))) :ruleset build)
 (rule ((t-proj id op k)) ((union (Ref id) (Proj (Ref op) k))) :ruleset build)
 (rule ((t-union a b)) ((union (Ref a) (Ref b))) :ruleset build)

@@ -130,6 +130,9 @@ class PatternCompiler:
 
     def _emit(self, term: Term, names: dict[Term, str], slots: dict[Term, OpSlot], vars_: dict[str, str],
               swaps: set[Term], facts: list[str], done: set[Term]) -> str:
+        """Atoms root first, then each list cell, then the children. The input count is checked on
+        the ``Op`` and the list's ``Nil`` is never named: every one-element tail shares that one
+        e-class, and egglog 13's planner joined through it, quadratic (and worse) in graph size."""
         if isinstance(term, Var):
             return vars_[term.name]
         if isinstance(term, Literal):
@@ -143,20 +146,35 @@ class PatternCompiler:
         if term in done:
             return slot.value
         done.add(term)
-        children = [self._emit(a, names, slots, vars_, swaps, facts, done) for a in term.args]
+        args = list(term.args)
         if term in swaps:
-            children.reverse()
-        args = slot.rest if term.open else "(Nil)"
-        for child in reversed(children):
-            args = f"(Cons {child} {args})"
+            args.reverse()
+        children = [self._value(a, names, slots, vars_) for a in args]
+        cells = [f"{slot.value}_a{k}" for k in range(len(children))]
+        tail = slot.rest if term.open else f"{slot.value}_a{len(children)}"
         if slot.opname is not None:
-            facts.append(f"(in-class {slot.opname} {quote(term.op)})")
             op_text, proj = slot.opname, term.output > 0
         else:
             op_text, proj = quote(term.op), term.output > 0 or multi_output(self.registry, term.op)
-        op_expr = f"(Op {op_text} {slot.attrs} {args})"
+        arity = f"{slot.value}_n" if term.open else str(len(children))
+        op_expr = f"(Op {op_text} {slot.attrs} {cells[0] if cells else tail} {arity})"
         facts.append(f"(= {slot.value} (Proj {op_expr} {term.output}))" if proj else f"(= {slot.value} {op_expr})")
+        if slot.opname is not None:
+            facts.append(f"(in-class {slot.opname} {quote(term.op)})")
+        for k, child in enumerate(children):
+            facts.append(f"(= {cells[k]} (Cons {child} {cells[k + 1] if k + 1 < len(cells) else tail}))")
+        for a in args:
+            self._emit(a, names, slots, vars_, swaps, facts, done)
         return slot.value
+
+    @staticmethod
+    def _value(term: Term, names: dict[Term, str], slots: dict[Term, OpSlot], vars_: dict[str, str]) -> str:
+        """The egglog variable of a sub-term (already named by ``_name``)."""
+        if isinstance(term, Var):
+            return vars_[term.name]
+        if isinstance(term, Literal):
+            return names[term]
+        return slots[term].value
 
 
 @dataclass
