@@ -191,3 +191,29 @@ def test_identical_regions_are_solved_once() -> None:
     # Add+Tanh of layer 0, then each MatMul with the next layer's Add+Tanh as its epilogue
     assert plan.kernels == 7
     assert sorted(g.template for g in plan.groups).count("gemm_epilogue") == 5
+
+
+def test_partition_copies_are_copy_on_write() -> None:
+    b = GraphBuilder("chain")
+    x = b.input("x", (4,), DType.FLOAT32)
+    for _ in range(6):
+        x = b.op("Relu", x)
+    g = b.build([x])
+    names = [n.name for n in g.nodes]
+    base = Partition(g)
+    base.merge(names[0], names[1])
+    q = base.copy()
+    q.merge(names[1], names[2])
+    r = q.copy()  # a copy of a copy sees the first copy's merges, not later ones
+    q.merge(names[4], names[5])
+    assert base.members(names[2]) == {names[2]}
+    assert q.members(names[0]) == set(names[:3]) and r.members(names[0]) == set(names[:3])
+    assert r.members(names[5]) == {names[5]}
+    assert sorted(map(sorted, q.groups())) == sorted([sorted(names[:3]), [names[3]], sorted(names[4:])])
+    assert q.is_acyclic() and len(r.groups()) == 4
+    saved = base.save(names[:3])
+    base.merge(names[0], names[2])
+    base.restore(saved)
+    assert sorted(map(sorted, base.groups())) == sorted([sorted(names[:2])] + [[n] for n in names[2:]])
+    with pytest.raises(AssertionError, match="changed under its copy"):
+        q.members(names[3])  # the base changed (save/restore) while the copy was in use

@@ -132,3 +132,62 @@ def test_only_the_engine_imports_egglog() -> None:
     importers = {p.relative_to(root).parts[0] for p in root.rglob("*.py") if "import egglog" in p.read_text()
                  or "from egglog" in p.read_text()}
     assert importers == {"engine"}
+
+
+def test_patterns_check_the_input_count_of_variadic_ops(tmp_path: Path) -> None:
+    path = tmp_path / "sum.fuse"
+    path.write_text("rewrite sum2: Sum(x, y) => Add(x, y)\n")
+    rules = load_rules([path])
+    b = GraphBuilder("sums")
+    x, y, z = (b.input(n, (4,), DType.FLOAT32) for n in "xyz")
+    two = b.op("Sum", x, y)
+    three = b.op("Sum", x, y, z)
+    g = b.build([b.op("Mul", two, three)])
+    out = saturate_rewrites(g, rules, default_registry())
+    assert sorted(n.op for n in out.graph.nodes) == ["Add", "Mul", "Sum"]  # three inputs are not two
+    b = GraphBuilder("sum3")
+    x, y, z = (b.input(n, (4,), DType.FLOAT32) for n in "xyz")
+    alone = b.build([b.op("Sum", x, y, z)])
+    assert saturate_rewrites(alone, rules, default_registry()).report.fired == {}
+    feeds = {n: np.arange(4, dtype=np.float32) + i for i, n in enumerate("xyz")}
+    np.testing.assert_allclose(run_graph(out.graph, feeds)[g.outputs[0]], run_graph(g, feeds)[g.outputs[0]])
+
+
+def test_compiled_patterns_never_name_the_shared_nil(rules) -> None:
+    """Naming ``(Nil)`` let egglog's planner join every one-element argument list with every other
+    (a 3,000-op graph took minutes); the input count is checked on ``Op`` instead."""
+    from autofusion.engine.match import PatternCompiler
+
+    compiled = PatternCompiler(rules, default_registry()).compile(rules.rewrites[0].lhs, "r", "rs", "gelu")
+    assert "Nil" not in compiled.program
+    assert '(Op "Erf" ' in compiled.program and " 1))" in compiled.program
+
+
+def test_prepared_sessions_are_reused_and_left_as_prepared(rules) -> None:
+    from autofusion.engine import egraph
+
+    egraph._prepared.clear()
+    g = _gelu_graph()
+    first = optimize(g, rules)
+    assert len(egraph._prepared) == 2  # one for the rewrites, one for the fusion rules
+    sessions = dict(egraph._prepared)
+    sizes = {k: s.size() for k, s in sessions.items()}
+    second = optimize(g, rules)
+    assert egraph._prepared == sessions  # the same sessions, lent again
+    assert {k: s.size() for k, s in sessions.items()} == sizes  # each use popped what it added
+    assert [sorted(gr.nodes) for gr in first.groups] == [sorted(gr.nodes) for gr in second.groups]
+    assert first.stats["saturation"] == {**second.stats["saturation"], "seconds": first.stats["saturation"]["seconds"]}
+
+
+def test_a_prepared_session_that_failed_is_not_lent_again() -> None:
+    from autofusion.engine import egraph
+
+    egraph._prepared.clear()
+    prelude = "(datatype E (N i64))"
+    with pytest.raises(egraph.EgglogError):
+        with egraph.prepared_session(prelude) as s:
+            s.run("(this is not egglog)")
+    assert not egraph._prepared
+    with egraph.prepared_session(prelude) as s:
+        s.run("(N 1)")
+    assert len(egraph._prepared) == 1

@@ -25,7 +25,7 @@ from autofusion.codegen.buffers import BufferPlan, plan_buffers
 from autofusion.codegen.kernel import KernelSource, group_comment
 from autofusion.codegen.kernels import render_group
 from autofusion.codegen.names import NameTable, c_comment_text
-from autofusion.codegen.templates import TemplateSet
+from autofusion.codegen.templates import TemplateSet, default_templates
 from autofusion.decide.plan import Plan
 from autofusion.ir.types import DType
 from autofusion.ops.registry import OpRegistry, default_registry
@@ -121,7 +121,7 @@ def _units(title: str, kernels: list[KernelSource], templates: TemplateSet, expo
 
 def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRegistry | None = None) -> LibrarySource:
     """The SuperKernel of ``plan``: kernel units plus a main unit with ``af_run``."""
-    templates = templates or TemplateSet()
+    templates = templates or default_templates()
     registry = registry or default_registry()
     g = plan.graph
     kernels = render_kernels(plan, templates, registry)
@@ -190,7 +190,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
 def render_unfused(plan: Plan, templates: TemplateSet | None = None,
                    registry: OpRegistry | None = None) -> LibrarySource:
     """Every kernel of ``plan`` exported as ``af_call_<name>(args, scratch, nthreads)``."""
-    templates = templates or TemplateSet()
+    templates = templates or default_templates()
     registry = registry or default_registry()
     kernels = render_kernels(plan, templates, registry)
     unique, function = share_kernels(kernels)

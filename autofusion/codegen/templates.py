@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -37,3 +38,10 @@ class TemplateSet:
     def runtime_header(self) -> str:
         """The text of ``af_runtime.h`` (generated sources include it; its bytes key the cache)."""
         return (self.directory / "af_runtime.h").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def default_templates() -> TemplateSet:
+    """The shipped templates, loaded and compiled by jinja2 once per process (rendering is
+    thread-safe; a fresh set per plan recompiled every template for each model)."""
+    return TemplateSet()

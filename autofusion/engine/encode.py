@@ -115,7 +115,6 @@ class Encoder:
         self.leaf_name: dict[int, str] = {}  # In/Cst handle -> tensor name
         self._rows: dict[str, list[str]] = {t: [] for t in TABLES}
         self._next = 0
-        self._declared = False
         self._batch = 0
 
     def new_id(self) -> int:
@@ -171,9 +170,9 @@ class Encoder:
         return any(self._rows.values())
 
     def program(self, workdir: str) -> str:
-        """Commands that load every pending row (written to ``workdir``) and build the terms."""
-        parts = [] if self._declared else [DECLARATIONS]
-        self._declared = True
+        """Commands that load every pending row (written to ``workdir``) and build the terms
+        (``DECLARATIONS`` must have run in the session first)."""
+        parts = []
         self._batch += 1
         for table, rows in self._rows.items():
             if not rows:

@@ -16,8 +16,8 @@ from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.decide.space import Blocked, FusionSpace, LoopCandidate, Permission
 from autofusion.dsl.guards import holds
 from autofusion.dsl.ir import FusionRule, OpTerm, RuleSet, Term, Var
-from autofusion.engine.egraph import EggSession
-from autofusion.engine.encode import Encoder, Workdir
+from autofusion.engine.egraph import prepared_session
+from autofusion.engine.encode import DECLARATIONS, Encoder, Workdir
 from autofusion.engine.loops import chain_cells
 from autofusion.engine.match import EClassFacts, Match, PatternCompiler, Untranslatable, merged_env, read_matches
 from autofusion.engine.rewrite import class_facts, handles_of
@@ -57,7 +57,6 @@ class FusionMatcher:
         self.rules = rules
         self.registry = registry
         self.report = MatchReport()
-        self.session = EggSession()
         self.encoder = Encoder(registry)
         self.tensor_of: dict[str, str] = {}  # e-class -> tensor
         self._index = {n.name: i for i, n in enumerate(graph.nodes)}
@@ -69,7 +68,7 @@ class FusionMatcher:
         workdir = Workdir()
         compiler = PatternCompiler(self.rules, self.registry)
         compiled: list[tuple[FusionRule | None, str, list, object]] = []
-        program = [enc.program(workdir.path), class_facts(self.rules, workdir.path), "(ruleset fusion)"]
+        program = [DECLARATIONS, class_facts(self.rules), "(ruleset fusion)"]
         n = 0
         for rule in self.rules.fusions:
             terms = self._terms(rule)
@@ -94,9 +93,10 @@ class FusionMatcher:
             program.append(p.program)
             nofuse_patterns.append((nf, p))
         try:
-            self.session.run(program)
-            self.session.run_rules("fusion")
-            snapshot = self.session.serialize()
+            with prepared_session("\n".join(program)) as session:  # rules compiled once per process
+                session.run(enc.program(workdir.path))
+                session.run_rules("fusion")
+                snapshot = session.serialize()
         finally:
             workdir.close()
         handles = handles_of(snapshot)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from autofusion.dsl.ir import Literal, OpTerm, PatternRef, Rewrite, RuleSet, Term, Var
-from autofusion.engine.egraph import EggSession, Serialized
-from autofusion.engine.encode import Encoder, Workdir, multi_output, parse_attrs
+from autofusion.engine.egraph import EggSession, Serialized, prepared_session
+from autofusion.engine.encode import DECLARATIONS, Encoder, Workdir, multi_output, parse_attrs, quote
 from autofusion.engine.match import CompiledPattern, EClassFacts, Match, PatternCompiler, Untranslatable, read_matches
 from autofusion.ir.builder import graph_from_nodes
 from autofusion.ir.graph import Const, Graph, Node, freeze_attrs
@@ -72,7 +72,7 @@ class Saturator:
         self.rules = rules
         self.registry = registry
         self.limits = limits
-        self.session = EggSession()
+        self.session: EggSession  # lent by prepared_session while the saturation runs
         self.encoder = Encoder(registry)
         self.handles: dict[int, _Handle] = {}
         self.workdir = Workdir()
@@ -82,7 +82,27 @@ class Saturator:
 
     # -- setup ----------------------------------------------------------------------------------
 
+    def prelude(self) -> str:
+        """Declarations, op classes and one recording rule per rewrite direction: the same text for
+        the same rules, so ``prepared_session`` compiles it once per process."""
+        compiler = PatternCompiler(self.rules, self.registry)
+        program = [DECLARATIONS, class_facts(self.rules), "(ruleset rewrites)"]
+        for i, rw in enumerate(self.rules.rewrites):
+            directions = [(rw.lhs, rw.rhs)] + ([(rw.rhs, rw.lhs)] if rw.bidirectional else [])
+            for k, (lhs, rhs) in enumerate(directions):
+                try:
+                    if isinstance(lhs, (Var, Literal)):
+                        raise Untranslatable("a left side that is a bare variable or literal matches everything")
+                    cp = compiler.compile(lhs, f"rw{i}_{k}", "rewrites", f"{rw.name}#{k}")
+                except Untranslatable as e:
+                    self.report.skipped[rw.name] = str(e)
+                    continue
+                program.append(cp.program)
+                self.patterns.append((rw, lhs, rhs, cp))
+        return "\n".join(program)
+
     def load(self) -> None:
+        """The graph's terms into ``self.session`` (which has run ``prelude()``)."""
         enc = self.encoder
         enc.graph(self.graph)
         for tensor, h in enc.handle_of.items():
@@ -96,21 +116,7 @@ class Saturator:
                 for o in node.outputs:
                     if o:
                         self.handles[enc.handle_of[o]].const = True
-        compiler = PatternCompiler(self.rules, self.registry)
-        program = [enc.program(self.workdir.path), class_facts(self.rules, self.workdir.path), "(ruleset rewrites)"]
-        for i, rw in enumerate(self.rules.rewrites):
-            directions = [(rw.lhs, rw.rhs)] + ([(rw.rhs, rw.lhs)] if rw.bidirectional else [])
-            for k, (lhs, rhs) in enumerate(directions):
-                try:
-                    if isinstance(lhs, (Var, Literal)):
-                        raise Untranslatable("a left side that is a bare variable or literal matches everything")
-                    cp = compiler.compile(lhs, f"rw{i}_{k}", "rewrites", f"{rw.name}#{k}")
-                except Untranslatable as e:
-                    self.report.skipped[rw.name] = str(e)
-                    continue
-                program.append(cp.program)
-                self.patterns.append((rw, lhs, rhs, cp))
-        self.session.run(program)
+        self.session.run(enc.program(self.workdir.path))
 
     # -- saturation -----------------------------------------------------------------------------
 
@@ -260,15 +266,9 @@ def handles_of(snapshot: Serialized) -> dict[str, list[int]]:
     return out
 
 
-def class_facts(rules: RuleSet, workdir: str) -> str:
-    """Commands loading op-class membership (the ``in-class`` relation) from a table file."""
-    import os
-
-    path = os.path.join(workdir, "in-class.tsv")
-    rows = [f"{op}\t{cls}" for cls, c in sorted(rules.classes.items()) for op in sorted(c.ops)]
-    with open(path, "w", encoding="ascii") as f:
-        f.write("\n".join(rows) + "\n")
-    return f'(input in-class "{path}")' if rows else ""
+def class_facts(rules: RuleSet) -> str:
+    """Commands stating op-class membership (the ``in-class`` relation)."""
+    return "\n".join(f"(in-class {quote(op)} {quote(cls)})" for cls, c in sorted(rules.classes.items()) for op in sorted(c.ops))
 
 
 def saturate_rewrites(graph: Graph, rules: RuleSet, registry: OpRegistry, limits: Limits | None = None) -> RewriteResult:
@@ -277,17 +277,18 @@ def saturate_rewrites(graph: Graph, rules: RuleSet, registry: OpRegistry, limits
     if not rules.rewrites:
         sat.report.stop = "no rewrites"
         return RewriteResult(graph, sat.report, {}, 0.0)
-    sat.load()
-    if sat.patterns:
-        sat.saturate()
-    else:
-        sat.report.stop = "no rewrites"
-    t0 = time.perf_counter()
-    if not sat.report.fired:
-        sat.workdir.close()
-        return RewriteResult(graph, sat.report, {}, time.perf_counter() - t0)
     try:
-        snapshot = sat.session.serialize()
+        with prepared_session(sat.prelude()) as session:
+            sat.session = session
+            sat.load()
+            if sat.patterns:
+                sat.saturate()
+            else:
+                sat.report.stop = "no rewrites"
+            t0 = time.perf_counter()
+            if not sat.report.fired:
+                return RewriteResult(graph, sat.report, {}, time.perf_counter() - t0)
+            snapshot = session.serialize()
         new_graph, provenance = Extractor(sat, snapshot).graph()
     finally:
         sat.workdir.close()
