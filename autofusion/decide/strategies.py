@@ -58,22 +58,43 @@ def _region_groups(region: Region, p: Partition) -> list[frozenset[str]]:
 
 
 class Greedy:
-    """Repeatedly apply the legal merge that lowers cost most (a heap with lazy re-evaluation)."""
+    """Repeatedly apply the legal merge that lowers cost most (a heap with lazy re-evaluation).
+
+    A myopic first choice can shut out a better partition (a pointwise op taken into one GEMM's
+    epilogue that the next branch needed), so greedy runs again ``restarts`` times, each time with
+    one of its first merges forbidden, and keeps the cheapest result."""
 
     name = "greedy"
 
+    def __init__(self, restarts: int = 4) -> None:
+        self.restarts = restarts
+
     def solve(self, region: Region, partition: Partition) -> list[frozenset[str]]:
+        best, merges = self._run(region, partition, frozenset())
+        best_cost = region.partition_cost(best)
+        for pair in merges[: self.restarts]:
+            groups, _ = self._run(region, partition, frozenset([pair]))
+            cost = region.partition_cost(groups)
+            if cost < best_cost - EPS:
+                best, best_cost = groups, cost
+        return best
+
+    @staticmethod
+    def _run(region: Region, partition: Partition,
+             banned: frozenset[tuple[str, str]]) -> tuple[list[frozenset[str]], list[tuple[str, str]]]:
         p = partition.copy()
         heap: list[tuple[float, int, str, str]] = []
         counter = itertools.count()
         touching: dict[str, list[tuple[str, str]]] = {}
-        for pair in region.pairs:
+        pairs = [pair for pair in region.pairs if pair not in banned]
+        for pair in pairs:
             touching.setdefault(pair[0], []).append(pair)
             touching.setdefault(pair[1], []).append(pair)
-        for a, b in region.pairs:
+        for a, b in pairs:
             d = _merge_delta(region, p, a, b)
             if d is not None and d < -EPS:
                 heapq.heappush(heap, (d, next(counter), a, b))
+        merges: list[tuple[str, str]] = []
         while heap:
             d, _, a, b = heapq.heappop(heap)
             now = _merge_delta(region, p, a, b)
@@ -85,12 +106,13 @@ class Greedy:
             if not p.can_merge(a, b):
                 continue
             rep = p.merge(a, b)
+            merges.append((a, b))
             for m in p.members(rep):  # re-offer merges that touch the grown group
                 for x, y in touching.get(m, ()):
                     dd = _merge_delta(region, p, x, y)
                     if dd is not None and dd < -EPS:
                         heapq.heappush(heap, (dd, next(counter), x, y))
-        return _region_groups(region, p)
+        return _region_groups(region, p), merges
 
 
 class Beam:

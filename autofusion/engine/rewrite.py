@@ -31,11 +31,20 @@ from autofusion.ops.registry import OpRegistry, ShapeError
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on saturation, checked between iterations."""
+    """Bounds on saturation, checked between iterations. ``enodes`` bounds the e-graph's rows
+    (terms and facts); by default it is ``ENODES_FLOOR`` or ``ENODES_GROWTH`` times the loaded
+    graph's rows, whichever is larger, so a 20,000-op graph (250,000 rows) may still be rewritten."""
 
     iterations: int = 12
-    enodes: int = 200_000
+    enodes: int | None = None
     seconds: float = 20.0
+
+    def enode_bound(self, loaded: int) -> int:
+        return self.enodes if self.enodes is not None else max(ENODES_FLOOR, ENODES_GROWTH * loaded)
+
+
+ENODES_FLOOR = 200_000
+ENODES_GROWTH = 4
 
 
 @dataclass
@@ -123,6 +132,7 @@ class Saturator:
     def saturate(self) -> None:
         start = time.perf_counter()
         limits = self.limits
+        bound = limits.enode_bound(self.session.size())
         while True:
             if self.report.iterations >= limits.iterations:
                 self.report.stop = "iterations"
@@ -158,7 +168,7 @@ class Saturator:
                 break
             self.session.run(self.encoder.program(self.workdir.path))
             self.report.enodes = self.session.size()
-            if self.report.enodes > limits.enodes:
+            if self.report.enodes > bound:
                 self.report.stop = "enodes"
                 break
         self.report.enodes = self.session.size()
