@@ -44,7 +44,7 @@ def test_bias_gelu_residual_epilogue_per_tile() -> None:
     h = b.op("Add", b.op("MatMul", x, b.const(f32(32, 48))), b.const(f32(48)))
     g = b.build([b.op("Add", gelu_erf(b, h), res)])
     code = check(g, {"x": f32(2, 16, 32), "res": f32(2, 16, 48)})
-    assert "scipy_cblas_sgemm" in code and "af_erff" in code
+    assert "af_sgemm(" in code and "af_erff" in code
     assert code.count("for (int64_t o = 0;") == 0  # no separate epilogue pass: it runs in the tile loop
     assert re.search(r"c\[mi \* \d+ \+ ni\]", code)  # the epilogue reads the tile just computed
 
@@ -60,7 +60,7 @@ def test_attention_scores_read_transposed_views_without_copies() -> None:
     g = b.build([sm, s])
     code = check(g, {"q": f32(1, 16, 64), "k": f32(1, 16, 64)})
     assert "CblasTrans" in code  # K^T handed to BLAS as a transposed operand
-    assert code.index("scipy_cblas_sgemm") < code.index("stage 0")  # no copy loop before the sgemm
+    assert code.index("af_sgemm(") < code.index("stage 0")  # no copy loop before the sgemm
 
 
 @pytest.mark.parametrize("trans_a,trans_b,alpha,beta,c_shape", [
@@ -94,7 +94,7 @@ def test_operand_blas_cannot_read_is_copied_first() -> None:
     wide = b.op("Expand", b.op("Relu", row), b.const(np.array([4, 5], np.int64)))  # computed, broadcast rows
     g = b.build([b.op("MatMul", a, wide)])
     code = check(g, {"a": f32(6, 4), "row": f32(1, 5)})
-    assert code.index("for (int64_t") < code.index("scipy_cblas_sgemm")  # the operand is materialised first
+    assert code.index("for (int64_t") < code.index("af_sgemm(")  # the operand is materialised first
 
 
 def test_many_tiles_in_parallel_with_late_transpose_output() -> None:
@@ -121,7 +121,7 @@ def test_horizontal_qkv_shares_one_input_and_concatenated_weights() -> None:
     assert report.ok, report.summary()
     (kernel,) = model.source.kernels
     assert len(kernel.derived) == 1 and kernel.derived[0][1].shape == (32, 96)  # weights concatenated once
-    assert kernel.code.count("scipy_cblas_sgemm") == 1  # one product, outputs split by columns
+    assert kernel.code.count("af_sgemm(") == 1  # one product, outputs split by columns
 
 
 def test_horizontal_tiles_straddle_outputs_and_feed_late_outputs() -> None:
@@ -133,7 +133,7 @@ def test_horizontal_tiles_straddle_outputs_and_feed_late_outputs() -> None:
     late = b.op("Transpose", v, perm=(0, 2, 1))  # needs all of v: computed after the tiles
     g = b.build([q, k, late])
     code = check(g, {"x": f32(2, 24, 40)}, template="horizontal_gemm")
-    assert code.count("scipy_cblas_sgemm") == 1 and "columns 300..500 of the product" in code
+    assert code.count("af_sgemm(") == 1 and "columns 300..500 of the product" in code
 
 
 def test_attention_block_with_two_matmuls_runs_staged() -> None:
@@ -142,4 +142,56 @@ def test_attention_block_with_two_matmuls_runs_staged() -> None:
     probs = b.op("Softmax", b.op("Mul", b.op("MatMul", q, k), b.const(np.float32(0.25))), axis=-1)
     g = b.build([b.op("Add", b.op("MatMul", probs, v), b.const(np.float32(1.0)))])
     code = check(g, {"q": f32(2, 8, 16), "k": f32(2, 16, 8), "v": f32(2, 8, 16)})
-    assert code.count("scipy_cblas_sgemm") == 2 and "stage 0: Softmax" in code
+    assert code.count("af_sgemm(") == 2 and "stage 0: Softmax" in code
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9])
+@pytest.mark.parametrize("n", [5, 64, 130, 520])
+def test_few_row_products_match_on_every_row_and_column_count(m: int, n: int) -> None:
+    """At most 8 rows, neither operand transposed: af_sgemm's own kernel (row passes of 1-4, column
+    blocks of 4 vectors and a remainder); 9 rows go to OpenBLAS. Scaled by alpha through Gemm."""
+    b = GraphBuilder("few_rows")
+    x = b.input("x", (m, 40))
+    y = b.op("Relu", b.op("Gemm", x, b.const(f32(40, n)), b.const(f32(n)), alpha=0.5))
+    check(b.build([y]), {"x": f32(m, 40)})
+
+
+def test_few_row_products_with_strided_operands_and_batches() -> None:
+    """A batch of 3 x (6 x 24) @ (24 x 70) through a transposed activation (lda != K) and a column
+    slice of the output tiles (ldc != N)."""
+    b = GraphBuilder("batched_few_rows")
+    x = b.input("x", (3, 24, 6))
+    h = b.op("MatMul", b.op("Transpose", x, perm=[0, 2, 1]), b.const(f32(24, 70)))
+    y = b.op("Add", h, b.input("r", (3, 6, 70)))
+    check(b.build([y]), {"x": f32(3, 24, 6), "r": f32(3, 6, 70)})
+
+
+def test_af_sgemm_small_kernel_against_numpy(tmp_path) -> None:
+    """The few-row kernel itself, compiled alone with the project's flags: every row count up to 8,
+    column counts around the block width, leading dimensions wider than the operands, alpha."""
+    import ctypes
+    import subprocess
+
+    from autofusion.codegen.templates import default_templates
+    from autofusion.runtime.toolchain import blas_flags, detect_toolchain
+
+    tc = detect_toolchain()
+    inc, link = blas_flags()
+    src = tmp_path / "t.c"
+    src.write_text("#include <stdint.h>\n#include <cblas.h>\n" + default_templates().render("af_sgemm.c.j2") + """
+__attribute__((visibility("default"))) void run(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+    af_sgemm(CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc);
+}
+""")
+    lib = tmp_path / "t.so"
+    subprocess.run([tc.cc, *tc.cflags, *inc, "-shared", "-fPIC", str(src), "-o", str(lib), *link], check=True)
+    run = ctypes.CDLL(str(lib)).run
+    ptr = ctypes.POINTER(ctypes.c_float)
+    for m in range(1, 10):
+        for n, k in ((1, 3), (63, 17), (64, 64), (100, 33), (257, 70)):
+            a, b = f32(m, k + 3), f32(k, n + 5)  # lda = k + 3, ldb = n + 5
+            c = np.full((m, n + 2), np.nan, np.float32)  # ldc = n + 2: the last columns stay untouched
+            run(m, n, k, ctypes.c_float(0.5), a.ctypes.data_as(ptr), k + 3, b.ctypes.data_as(ptr), n + 5,
+                c.ctypes.data_as(ptr), n + 2)
+            np.testing.assert_allclose(c[:, :n], 0.5 * a[:, :k] @ b[:, :n], rtol=1e-4, atol=1e-5)
+            assert np.isnan(c[:, n:]).all()

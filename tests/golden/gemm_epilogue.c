@@ -21,8 +21,8 @@ AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const
                 const int nlen = (int)(3072 - n0 < 512 ? 3072 - n0 : 512);
                 (void)b;
                 float* restrict c = tile;
-                scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mlen, nlen, 768, 1.0f,
-                                  t_hidden + (m0 * 768), 768, t_const_1 + n0, 3072, 0.0f, c, 512);
+                af_sgemm(CblasNoTrans, CblasNoTrans, mlen, nlen, 768, 1.0f,
+                         t_hidden + (m0 * 768), 768, t_const_1 + n0, 3072, 0.0f, c, 512);
                 {
                     const int64_t lo = 0, hi = nlen;
                     for (int64_t mi = 0; mi < mlen; ++mi) {
