@@ -106,7 +106,7 @@ def _units(title: str, kernels: list[KernelSource], templates: TemplateSet, expo
             chunks.append([])
         chunks[-1].append(k)
         size += len(k.code)
-    units = []
+    units: list[tuple[str, str]] = []
     for i, chunk in enumerate(chunks):
         if not chunk and (units or not exported):
             continue  # an exported library keeps one (possibly empty) unit so that it always links

@@ -15,6 +15,7 @@ from autofusion.decide.plan import CostBreakdown, Plan, UnfusedPair, UnfusedReas
 from autofusion.decide.space import FusionSpace
 from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
 from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.ir.types import TensorType
 from autofusion.ops.registry import OpRegistry, default_registry
 
 
@@ -56,7 +57,7 @@ def region_signature(space: FusionSpace, nodes: Sequence[str],
     sig = []
     for n in nodes:
         node = g.node_by_name[n]
-        ins = []
+        ins: list[tuple[str, int | TensorType | None, int | bool]] = []
         for t in node.inputs:
             p = g.producers.get(t)
             if p is not None and p.name in pos:
@@ -119,10 +120,10 @@ def decide(
             reused += 1
             continue
         region = Region(nodes, pairs, checker, seconds)
-        groups = solver.solve(region, partition)
+        region_groups = solver.solve(region, partition)
         notes.extend(region.notes)
         pos = {n: i for i, n in enumerate(nodes)}
-        layout = [sorted(pos[n] for n in g) for g in groups]  # topological order keeps each step convex
+        layout = [sorted(pos[n] for n in g) for g in region_groups]  # topological order keeps each step convex
         if not _apply(partition, nodes, layout):
             notes.append(f"region at {nodes[0]}: solution formed a cycle with earlier regions; left unfused")
             continue

@@ -14,12 +14,20 @@ from dataclasses import dataclass, field
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.decide.space import Blocked, FusionSpace, LoopCandidate, Permission
-from autofusion.dsl.guards import holds
-from autofusion.dsl.ir import FusionRule, OpTerm, RuleSet, Term, Var
+from autofusion.dsl.guards import Guard, holds
+from autofusion.dsl.ir import FusionKind, FusionRule, OpTerm, RuleSet, Term, Var
 from autofusion.engine.egraph import prepared_session
 from autofusion.engine.encode import DECLARATIONS, Encoder, Workdir
 from autofusion.engine.loops import chain_cells
-from autofusion.engine.match import EClassFacts, Match, PatternCompiler, Untranslatable, merged_env, read_matches
+from autofusion.engine.match import (
+    CompiledPattern,
+    EClassFacts,
+    Match,
+    PatternCompiler,
+    Untranslatable,
+    merged_env,
+    read_matches,
+)
 from autofusion.engine.rewrite import class_facts, handles_of
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ops.registry import OpRegistry
@@ -67,7 +75,7 @@ class FusionMatcher:
         enc.graph(self.graph)
         workdir = Workdir()
         compiler = PatternCompiler(self.rules, self.registry)
-        compiled: list[tuple[FusionRule | None, str, list, object]] = []
+        compiled: list[tuple[FusionRule, FusionKind, list[CompiledPattern], Guard | None]] = []
         program = [DECLARATIONS, class_facts(self.rules), "(ruleset fusion)"]
         n = 0
         for rule in self.rules.fusions:
@@ -104,12 +112,12 @@ class FusionMatcher:
         types, values, consts = {}, {}, set()
         for eclass, hs in handles.items():
             for h in hs:
-                t = tensor_of_handle.get(h)
-                if t is None:
+                tensor = tensor_of_handle.get(h)
+                if tensor is None:
                     continue
-                self.tensor_of.setdefault(eclass, t)
-                types[eclass] = self.graph.types[t]
-                v = self.graph.const_value(t)
+                self.tensor_of.setdefault(eclass, tensor)
+                types[eclass] = self.graph.types[tensor]
+                v = self.graph.const_value(tensor)
                 if v is not None:
                     values[eclass] = v
                     consts.add(eclass)
@@ -120,7 +128,6 @@ class FusionMatcher:
         blocked: dict[tuple[str, str], Blocked] = {}
         loops: list[LoopCandidate] = []
         for rule, kind, patterns, guard in compiled:
-            assert rule is not None
             perm = Permission(rule_ref(rule), rule.template, "branch" if kind == "branch" else "linear", rule.priority)
             all_matches: list[list[Match]] = []
             # a branch's guard reads every member at once: it is checked when members are combined

@@ -85,8 +85,8 @@ class PatternCompiler:
             if v not in seen:
                 columns.append((v, "Expr"))
                 seen.add(v)
-        swappable = [s.term for s in ops if s.term.op in COMMUTATIVE and len(s.term.args) == 2]
-        slots = {s.term: s for s in ops}
+        swappable: list[Term] = [s.term for s in ops if s.term.op in COMMUTATIVE and len(s.term.args) == 2]
+        slots: dict[Term, OpSlot] = {s.term: s for s in ops}
         head = f"({relation} {' '.join(v for v, _ in columns)})"
         lines = [f"(relation {relation} ({' '.join(sort for _, sort in columns)}))"]
         variants = 2 ** len(swappable) if len(swappable) <= MAX_SWAPPABLE else 1
@@ -245,7 +245,7 @@ def _check(pattern: CompiledPattern, cells: dict[str, Any], facts: EClassFacts, 
     consts: set[str] = set()
     captured_attrs: dict[str, Mapping[str, Any]] = {}
     values: dict[str, Any] = {}
-    ops = []
+    ops: list[tuple[OpTerm, str, str, Mapping[str, Any]]] = []
     for slot in pattern.ops:
         op = slot.term.op if slot.opname is None else str(cells[slot.opname])
         opdef = registry.get(op)

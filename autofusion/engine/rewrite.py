@@ -246,9 +246,9 @@ class Saturator:
                 attrs[a.name] = a.value
         keys = [str(h) for h in args]
         node = Node(term.op, tuple(keys), ("out",), freeze_attrs(attrs), "rhs")
-        types = {str(h): self.handles[h].type for h in args if self.handles[h].type is not None}
-        consts = {str(h): Const(self.handles[h].value) for h in args if self.handles[h].value is not None}
-        outs = infer_node(node, types, consts, self.registry)  # type: ignore[arg-type]
+        types = {str(h): ty for h in args if (ty := self.handles[h].type) is not None}
+        consts = {str(h): Const(val) for h in args if (val := self.handles[h].value) is not None}
+        outs = infer_node(node, types, consts, self.registry)
         const = bool(args) and all(self.handles[a].const for a in args)
         op_h = enc.add_op(term.op, node.attrs, args)
         if term.output > 0 or multi_output(self.registry, term.op):
@@ -402,12 +402,12 @@ class Extractor:
             budget -= 1
             nid = work.pop()
             cls = s.eclass(nid)
-            c = self._node_cost(nid, cls)
-            if c is None:
+            cost = self._node_cost(nid, cls)
+            if cost is None:
                 continue
             old = self.best.get(cls)
-            if old is None or c < old[0] - 1e-9:
-                self.best[cls] = (c, nid)
+            if old is None or cost < old[0] - 1e-9:
+                self.best[cls] = (cost, nid)
                 work.extend(parents.get(cls, ()))
 
     def graph(self) -> tuple[Graph, dict[str, tuple[str, ...]]]:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 
 class DType(enum.StrEnum):
@@ -35,13 +36,13 @@ class DType(enum.StrEnum):
         return self in (DType.FLOAT32, DType.FLOAT16, DType.FLOAT64)
 
     @classmethod
-    def of(cls, value: object) -> DType:
+    def of(cls, value: DType | DTypeLike) -> DType:
         """The DType of a numpy dtype, array, or dtype name."""
         if isinstance(value, DType):
             return value
         if isinstance(value, np.ndarray):
             value = value.dtype
-        name = np.dtype(value).name  # type: ignore[arg-type]
+        name = np.dtype(value).name
         try:
             return cls(name)
         except ValueError:

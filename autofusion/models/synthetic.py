@@ -13,9 +13,9 @@ def synthetic_graph(target_ops: int = 20_000, hidden: int = 64, rows: int = 16, 
     rng = np.random.default_rng(seed)
     b = GraphBuilder(f"synthetic{target_ops}")
     x = b.input("x", (rows, hidden), DType.FLOAT32)
-    half = b.const(np.float32(0.5), "half")
-    one = b.const(np.float32(1.0), "one")
-    root2 = b.const(np.float32(1.4142135), "root2")
+    half = b.const(np.array(0.5, np.float32), "half")
+    one = b.const(np.array(1.0, np.float32), "one")
+    root2 = b.const(np.array(1.4142135, np.float32), "root2")
     gamma = b.const(np.ones(hidden, np.float32), "gamma")
     beta = b.const(np.zeros(hidden, np.float32), "beta")
     nodes = 0

@@ -53,7 +53,7 @@ def render_triton_group(graph: Graph, group: FusedGroup, templates: TritonTempla
     for n in group.nodes:
         if graph.node_by_name[n].op not in registry:
             raise ex.error("op is not in the op registry", graph.node_by_name[n])
-    ctx = dict(comment=group_comment(group), name=py_ident(group.name, "k_"), params=idents)
+    ctx: dict[str, object] = dict(comment=group_comment(group), name=py_ident(group.name, "k_"), params=idents)
     if group.template == "gemm_epilogue":
         ctx.update(render_gemm(ex, names))
     elif red.find_reduction(ex) is not None:
