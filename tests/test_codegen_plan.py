@@ -241,3 +241,29 @@ def test_graph_without_nodes_and_zero_sized_reductions() -> None:
     g = b.build([b.op("Softmax", z), b.op("ReduceSum", z, b.const(np.array([0], np.int64)), keepdims=0)])
     feeds = {"z": np.zeros((0, 4), np.float32)}
     assert compare_outputs(run_graph(g, feeds), CompiledModel(greedy_plan(g), cache=CACHE).run(feeds)).ok
+
+
+def test_profiling_build_clocks_every_group_and_computes_the_same() -> None:
+    import time
+
+    from autofusion import models
+    from autofusion.api import optimize
+    from autofusion.models.inputs import random_inputs
+    from autofusion.runtime import RunError
+
+    g = models.build("bert-tiny")
+    plan = optimize(g)
+    feeds = random_inputs(g, seed=0)
+    plain, profiled = CompiledModel(plan, cache=CACHE), CompiledModel(plan, cache=CACHE, profile=True)
+    assert plain.library_path != profiled.library_path  # the profiling build is its own library
+    expected = plain.run(feeds)
+    start = time.perf_counter()
+    got = profiled.run(feeds)
+    wall = time.perf_counter() - start
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value)
+    steps = profiled.step_seconds()
+    assert list(steps) == [gr.name for gr in plan.groups]
+    assert all(s >= 0 for s in steps.values()) and 0 < sum(steps.values()) <= wall
+    with pytest.raises(RunError, match="profiling build"):
+        plain.step_seconds()

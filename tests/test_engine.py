@@ -191,3 +191,17 @@ def test_a_prepared_session_that_failed_is_not_lent_again() -> None:
     with egraph.prepared_session(prelude) as s:
         s.run("(N 1)")
     assert len(egraph._prepared) == 1
+
+
+def test_programs_are_split_into_top_level_forms_for_egglog() -> None:
+    """egglog parses a long program super-linearly (the rule library at once: 0.44 s, 490 MB kept):
+    sessions hand it a few top-level forms at a time, which must be split exactly."""
+    from autofusion.engine.egraph import EggSession, top_level_forms
+
+    text = '(a "x)(\\" ;" b) ; (not a form)\n(d (e ")")) ;; ((\n(f)'
+    assert top_level_forms(text) == ['(a "x)(\\" ;" b)', '(d (e ")"))', "(f)"]
+    assert top_level_forms("(g (h)") == ["(g (h)"]  # unbalanced: passed on for egglog to report
+    s = EggSession()
+    program = "(datatype E (N i64) (Add E E))\n" + "\n".join(f"(let $e{i} (Add (N {i}) (N {i + 1})))" for i in range(40))
+    s.run(program)
+    assert s.size() == 40 + 41  # 40 Add terms over 41 distinct N leaves: every form ran

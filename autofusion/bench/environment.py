@@ -108,11 +108,12 @@ def peak_rss_delta(call: Callable[[], Any]) -> MemoryProbe:
         call()
         return MemoryProbe(None, "rss unavailable: cannot reset the peak resident set on this system")
     before = status_kib("VmRSS")
-    call()
-    peak = status_kib("VmHWM")
-    if before is None or peak is None:
+    result = call()  # held while the peak is read: freeing it first can leave VmHWM behind on some kernels
+    peak, now = status_kib("VmHWM"), status_kib("VmRSS")
+    del result
+    if before is None or peak is None or now is None:
         return MemoryProbe(None, "rss unavailable: /proc/self/status has no VmRSS/VmHWM")
-    return MemoryProbe(max(0, peak - before) * 1024, RSS_METHOD)
+    return MemoryProbe(max(0, max(peak, now) - before) * 1024, RSS_METHOD)
 
 
 def peak_traced(call: Callable[[], Any]) -> MemoryProbe:

@@ -1,9 +1,9 @@
 """Time spent outside the opaque compute cores (MatMul, Gemm, Conv, ...): what fusion can remove.
 
 The op-by-op runner is timed kernel by kernel. Its time outside opaque cores is the sum of its
-non-opaque kernels; the fused SuperKernel runs in one call with no per-kernel clock, so its time
-outside opaque cores is estimated as its total minus the opaque cores' time measured op by op on
-the plan's own graph (the same cores, the same shapes).
+non-opaque kernels. The fused SuperKernel is timed step by step in a profiling build (``af_run``
+clocks each group): kernels without an opaque core count whole; a kernel around a core (a GEMM
+with its epilogue) counts what it takes beyond that core, timed alone on the plan's own graph.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ OPAQUE_CORES = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "
 UNFUSED_METHOD = ("measured: the op-by-op runner timed per kernel call (output allocation included), the medians "
                   "of its non-opaque kernels summed")
 FUSED_METHOD = ("estimate: the fused median minus the opaque cores' time (the compiled MatMul/Gemm/Conv functions "
-                "of the plan's graph timed one by one); the SuperKernel has no per-kernel timer")
+                "of the plan's graph timed one by one)")
+FUSED_STEP_METHOD = ("measured per kernel: a profiling build of the SuperKernel clocks every group; groups without "
+                     "an opaque core summed (medians), plus what the groups around a core take beyond the cores "
+                     "timed alone")
 
 
 def planned_peak(runner: UnfusedRunner) -> int:
@@ -104,3 +107,41 @@ def time_ops(graph: Graph, feeds: Mapping[str, np.ndarray], repeat: int, threads
             other_best += min(calls)
             n_other += 1
     return OpTimes(opaque, other, n_opaque, n_other, opaque_best, other_best)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Per-group medians (and minima) of a profiled SuperKernel, summed: groups holding an opaque
+    core, and the others."""
+
+    opaque: float
+    other: float
+    opaque_best: float
+    other_best: float
+
+
+def time_steps(plan: Plan, feeds: Mapping[str, np.ndarray], repeat: int, threads: int) -> StepTimes:
+    """Run a profiling build of ``plan``'s SuperKernel: one untimed run, then ``repeat`` (at least
+    3); per-group medians and minima summed by kind."""
+    from autofusion.runtime import CompiledModel
+
+    model = CompiledModel(plan, threads=threads, profile=True)
+    model.run(feeds)
+    samples: dict[str, list[float]] = {}
+    for _ in range(max(MIN_OP_RUNS, repeat)):
+        model.run(feeds)
+        for name, seconds in model.step_seconds().items():
+            samples.setdefault(name, []).append(seconds)
+    g = plan.graph
+    opaque = other = opaque_best = other_best = 0.0
+    for group in plan.groups:
+        times = samples.get(group.name)
+        if not times:
+            continue
+        if any(g.node_by_name[n].op in OPAQUE_CORES for n in group.nodes):
+            opaque += statistics.median(times)
+            opaque_best += min(times)
+        else:
+            other += statistics.median(times)
+            other_best += min(times)
+    return StepTimes(opaque, other, opaque_best, other_best)

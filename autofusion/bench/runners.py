@@ -172,9 +172,9 @@ def _torch_module(setup: BenchSetup) -> tuple[Any, Any, tuple[Any, ...]]:
 
 
 def _torch_eager(setup: BenchSetup) -> Runner:
+    torch, module, args = _torch_module(setup)  # first: says "not installed" before torch_fx imports torch
     from autofusion.bench.torch_fx import numpy_outputs
 
-    torch, module, args = _torch_module(setup)
 
     def call() -> Outputs:
         with torch.inference_mode():
@@ -186,9 +186,9 @@ def _torch_eager(setup: BenchSetup) -> Runner:
 
 
 def _torch_compile(setup: BenchSetup) -> Runner:
+    torch, module, args = _torch_module(setup)  # first: says "not installed" before torch_fx imports torch
     from autofusion.bench.torch_fx import numpy_outputs
 
-    torch, module, args = _torch_module(setup)
     metrics: Any = None
     try:
         import torch._inductor.metrics

@@ -46,6 +46,7 @@ class LibrarySource:
     buffers: BufferPlan | None = None
     uses_blas: bool = False
     function: Mapping[str, str] = field(default_factory=dict)  # group -> C function that runs it
+    profiled: tuple[str, ...] = ()  # a profiling build: the groups af_profile times, in its order
 
     @property
     def text(self) -> str:
@@ -119,8 +120,10 @@ def _units(title: str, kernels: list[KernelSource], templates: TemplateSet, expo
     return units
 
 
-def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRegistry | None = None) -> LibrarySource:
-    """The SuperKernel of ``plan``: kernel units plus a main unit with ``af_run``."""
+def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRegistry | None = None,
+                profile: bool = False) -> LibrarySource:
+    """The SuperKernel of ``plan``: kernel units plus a main unit with ``af_run``. With ``profile``,
+    ``af_run`` also clocks each group's step and ``af_profile`` returns the seconds of the last run."""
     templates = templates or default_templates()
     registry = registry or default_registry()
     g = plan.graph
@@ -172,7 +175,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
         for src, out in buffers.view_copies.get(group.name, ()):
             base = buffers.placements[src].base
             lines.append(f"memcpy(outputs[{out}], {names(base)}, {g.types[src].nbytes});")
-        steps.append({"comment": group_comment(g, group), "lines": lines})
+        steps.append({"comment": group_comment(g, group), "lines": lines, "group": group.name})
     final = [f"memcpy(outputs[{i}], {names(t)}, {g.types[t].nbytes});" for t, i in buffers.final_copies]
 
     title = f"autofusion SuperKernel of {g.name!r} ({plan.strategy or 'plan'})"
@@ -182,9 +185,10 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
         summary=c_comment_text(f"{len(g.nodes)} nodes in {len(plan.groups)} groups, {len(kernels)} kernels "
                                f"({len(unique)} distinct)"),
         workspace=buffers.workspace_bytes, blas=False, kernels=unique, consts=consts,
-        n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final)
+        n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final, profile=profile)
     return LibrarySource("superkernel", tuple(units) + (("main.c", main),), templates.runtime_header(),
-                         tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels), function)
+                         tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels), function,
+                         tuple(str(s["group"]) for s in steps) if profile else ())
 
 
 def render_unfused(plan: Plan, templates: TemplateSet | None = None,

@@ -36,11 +36,12 @@ class CompiledModel:
     """
 
     def __init__(self, plan: Plan, threads: int | None = None, cache: CompileCache | str | Path | None = None,
-                 toolchain: Toolchain | None = None, templates: TemplateSet | None = None) -> None:
+                 toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
+                 profile: bool = False) -> None:
         self.plan = plan
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
-        self.source: LibrarySource = render_plan(plan, templates)
+        self.source: LibrarySource = render_plan(plan, templates, profile=profile)
         self.library_path = compile_library(self.source, toolchain, self.cache)
         lib = load_library(self.library_path)
         lib.af_create.restype = ctypes.c_void_p
@@ -66,6 +67,14 @@ class CompiledModel:
         """Peak activation memory of the plan's buffer plan (workspace bytes)."""
         assert self.source.buffers is not None
         return self.source.buffers.peak_bytes
+
+    def step_seconds(self) -> dict[str, float]:
+        """Seconds each group's step took in the last ``run`` (a model built with ``profile=True``)."""
+        if not self.source.profiled:
+            raise RunError("step_seconds needs a profiling build: CompiledModel(plan, profile=True)")
+        self._lib.af_profile.restype = ctypes.POINTER(ctypes.c_double)
+        times = self._lib.af_profile()
+        return {group: float(times[i]) for i, group in enumerate(self.source.profiled)}
 
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run the model on ``feeds``; RunError when a feed is missing or mistyped."""
