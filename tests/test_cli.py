@@ -203,3 +203,15 @@ def test_console_entry_point_end_to_end(tmp_path: Path) -> None:
     good = subprocess.run([sys.executable, "-m", "autofusion.cli.main", "info", "lstm-tiny", "--json"],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert good.returncode == 0 and json.loads(good.stdout)["ops"]["Split"] == 8
+
+
+def test_run_profile_lists_the_superkernels_kernels_by_time(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "run", "bert-tiny", "--backend", "c", "--profile")
+    assert code == 0 and "kernels by time" in out and "gemm_epilogue" in out
+    report = cli_json(capsys, "run", "bert-tiny", "--backend", "c", "--profile")
+    kernels = report["kernels"]
+    assert [k["ms"] for k in kernels] == sorted((k["ms"] for k in kernels), reverse=True)
+    assert len({k["kernel"] for k in kernels}) == len(kernels) > 10
+    assert 0 < sum(k["ms"] for k in kernels) <= report["wall_s"] * 1e3
+    code, _, err = cli(capsys, "run", "bert-tiny", "--profile")
+    assert code == 2 and "--backend c" in err

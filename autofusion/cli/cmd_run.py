@@ -32,6 +32,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--save", metavar="FILE.npz", help="write the outputs (output:NAME) and inputs (input:NAME)")
     p.add_argument("--seed", type=int, default=0, help="seed of built-in weights and random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--profile", action="store_true",
+                   help="with --backend c: build the SuperKernel with a clock around every kernel and list the "
+                        "kernels by time (their sum is the run's time less Python's call overhead)")
     p.set_defaults(func=run)
 
 
@@ -105,17 +108,23 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args, seed=args.seed)
     graph = loaded.graph
     feeds = read_inputs(args.inputs, graph) if args.inputs else random_inputs(graph, seed=args.seed)
+    if args.profile and args.backend != "c":
+        raise CliError("--profile times the kernels of the fused SuperKernel: use it with --backend c")
     start = time.perf_counter()
+    profile: list[dict[str, Any]] | None = None
     if args.backend == "reference":
         outputs = run_graph(graph, feeds)
     else:
-        outputs, start = _run_compiled(args, graph, feeds)
+        outputs, start, profile = _run_compiled(args, graph, feeds)
     wall = time.perf_counter() - start
     saved = save_npz(args.save, feeds, outputs) if args.save else None
     summaries = [summarise(name, outputs[name]) for name in graph.outputs]
     if args.json:
-        out.json({"model": loaded.source, "backend": args.backend, "wall_s": wall,
-                  "inputs": args.inputs or f"random (seed {args.seed})", "saved": saved, "outputs": summaries})
+        data = {"model": loaded.source, "backend": args.backend, "wall_s": wall,
+                "inputs": args.inputs or f"random (seed {args.seed})", "saved": saved, "outputs": summaries}
+        if profile is not None:
+            data["kernels"] = profile
+        out.json(data)
         return 0
     rows = [(s["name"], "x".join(map(str, s["shape"])) or "scalar", s["dtype"], _num(s["mean"]), _num(s["std"]),
              _num(s["min"]), _num(s["max"]), " ".join(_num(v) for v in s["head"]))
@@ -127,27 +136,45 @@ def run(args: argparse.Namespace) -> int:
             out.line(f"warning: {s['name']} has {s['nonfinite']} non-finite values")
     out.line(f"inputs: {args.inputs or f'random (seed {args.seed})'}")
     out.line(f"wall time: {wall * 1000:.1f} ms")
+    if profile is not None:
+        total = sum(k["ms"] for k in profile) or 1.0
+        top = profile[:PROFILE_ROWS]
+        out.table(f"kernels by time (first run; {len(top)} of {len(profile)}, {total:.1f} ms in all)",
+                  ("kernel", "template", "nodes", "ms", "share"),
+                  [(k["kernel"], k["template"], str(k["nodes"]), f"{k['ms']:.3f}", f"{100 * k['ms'] / total:.1f}%")
+                   for k in top])
     if saved:
         out.line(f"saved: {saved}")
     return 0
 
 
-def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, float]:
+PROFILE_ROWS = 15
+
+
+def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np.ndarray]
+                  ) -> tuple[dict, float, list[dict[str, Any]] | None]:
     """Outputs of the fused plan compiled as one SuperKernel (``c``) or of every op compiled on its
-    own (``c-unfused``); the start time excludes optimisation and compilation."""
+    own (``c-unfused``); the start time excludes optimisation and compilation; with ``--profile``,
+    the kernels by time, slowest first."""
     from autofusion.runtime import CompiledModel, CompileError, UnfusedRunner
 
     try:
         if args.backend == "c":
             from autofusion.api import optimize
 
-            model: Any = CompiledModel(optimize(graph))
+            model: Any = CompiledModel(optimize(graph), profile=args.profile)
         else:
             model = UnfusedRunner(graph)
         start = time.perf_counter()
-        return dict(model.run(feeds)), start
+        outputs = dict(model.run(feeds))
     except CompileError as e:
         raise CliError(str(e)) from None
+    if not args.profile:
+        return outputs, start, None
+    groups = {g.name: g for g in model.plan.groups}
+    rows = [{"kernel": name, "template": groups[name].template, "nodes": len(groups[name].nodes), "ms": s * 1e3}
+            for name, s in model.step_seconds().items()]
+    return outputs, start, sorted(rows, key=lambda r: -r["ms"])
 
 
 def _num(v: Any) -> str:
