@@ -41,6 +41,15 @@ MIN_TILES = 4
 PARALLEL_MIN_FLOPS = 1 << 19  # smaller products run on one thread
 
 
+def _column_block(n: int, row_tiles: int) -> int:
+    """Columns per tile: up to TILE_N (1.5 x TILE_N in one tile), halved down to MIN_TILE_N while
+    there are fewer than MIN_TILES tiles to share among threads."""
+    nb = max(1, n if n <= TILE_N * 3 // 2 else TILE_N)
+    while row_tiles * -(-n // nb) < MIN_TILES and nb > MIN_TILE_N:
+        nb = max(MIN_TILE_N, (nb // 2 + 63) // 64 * 64)
+    return nb
+
+
 @dataclass
 class _Segment:
     """One MatMul/Gemm core and the outputs computed on its tiles."""
@@ -336,9 +345,7 @@ class _Gemm:
         n, kk = seg.n, seg.k
         n_batch = seg.calls
         mb = max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
-        nb = max(1, n if n <= TILE_N * 3 // 2 else TILE_N)
-        while n_batch * -(-m_total // mb) * -(-n // nb) < MIN_TILES and nb > MIN_TILE_N:
-            nb = max(MIN_TILE_N, (nb // 2 + 63) // 64 * 64)
+        nb = _column_block(n, n_batch * -(-m_total // mb))
         tiles_m, tiles_n = -(-m_total // mb), -(-n // nb)
         ta, lda = self._layout(seg, "a") or (False, 1)
         tb, ldb = self._layout(seg, "b") or (False, 1)
