@@ -267,3 +267,12 @@ def test_profiling_build_clocks_every_group_and_computes_the_same() -> None:
     assert all(s >= 0 for s in steps.values()) and 0 < sum(steps.values()) <= wall
     with pytest.raises(RunError, match="profiling build"):
         plain.step_seconds()
+
+
+def test_profiling_build_of_a_plan_without_kernels() -> None:
+    b = GraphBuilder("identity")
+    x = b.input("x", (3,))
+    g = b.build([x])
+    model = CompiledModel(greedy_plan(g), cache=CACHE, profile=True)
+    np.testing.assert_array_equal(model.run({"x": np.arange(3, dtype=np.float32)})["x"], np.arange(3))
+    assert model.step_seconds() == {}

@@ -166,14 +166,14 @@ def test_compiled_patterns_never_name_the_shared_nil(rules) -> None:
 def test_prepared_sessions_are_reused_and_left_as_prepared(rules) -> None:
     from autofusion.engine import egraph
 
-    egraph._prepared.clear()
+    egraph._prepared_here().clear()
     g = _gelu_graph()
     first = optimize(g, rules)
-    assert len(egraph._prepared) == 2  # one for the rewrites, one for the fusion rules
-    sessions = dict(egraph._prepared)
+    assert len(egraph._prepared_here()) == 2  # one for the rewrites, one for the fusion rules
+    sessions = dict(egraph._prepared_here())
     sizes = {k: s.size() for k, s in sessions.items()}
     second = optimize(g, rules)
-    assert egraph._prepared == sessions  # the same sessions, lent again
+    assert egraph._prepared_here() == sessions  # the same sessions, lent again
     assert {k: s.size() for k, s in sessions.items()} == sizes  # each use popped what it added
     assert [sorted(gr.nodes) for gr in first.groups] == [sorted(gr.nodes) for gr in second.groups]
     assert first.stats["saturation"] == {**second.stats["saturation"], "seconds": first.stats["saturation"]["seconds"]}
@@ -182,15 +182,15 @@ def test_prepared_sessions_are_reused_and_left_as_prepared(rules) -> None:
 def test_a_prepared_session_that_failed_is_not_lent_again() -> None:
     from autofusion.engine import egraph
 
-    egraph._prepared.clear()
+    egraph._prepared_here().clear()
     prelude = "(datatype E (N i64))"
     with pytest.raises(egraph.EgglogError):
         with egraph.prepared_session(prelude) as s:
             s.run("(this is not egglog)")
-    assert not egraph._prepared
+    assert not egraph._prepared_here()
     with egraph.prepared_session(prelude) as s:
         s.run("(N 1)")
-    assert len(egraph._prepared) == 1
+    assert len(egraph._prepared_here()) == 1
 
 
 def test_programs_are_split_into_top_level_forms_for_egglog() -> None:
@@ -205,3 +205,37 @@ def test_programs_are_split_into_top_level_forms_for_egglog() -> None:
     program = "(datatype E (N i64) (Add E E))\n" + "\n".join(f"(let $e{i} (Add (N {i}) (N {i + 1})))" for i in range(40))
     s.run(program)
     assert s.size() == 40 + 41  # 40 Add terms over 41 distinct N leaves: every form ran
+
+
+def test_every_thread_gets_its_own_prepared_sessions(rules) -> None:
+    """egglog's EGraph belongs to the thread that made it: a session prepared in one thread must
+    never be lent to another (it panicked), nor dropped there."""
+    import threading
+
+    g = _gelu_graph()
+    first = optimize(g, rules)  # prepares sessions in this thread
+    results: list[object] = []
+
+    def work() -> None:
+        try:
+            results.append(optimize(g, rules))
+        except BaseException as e:  # a panic is a BaseException: catch it to fail the test, not the thread
+            results.append(e)
+
+    for _ in range(2):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert all(not isinstance(r, BaseException) for r in results), results
+    assert all([sorted(gr.nodes) for gr in r.groups] == [sorted(gr.nodes) for gr in first.groups]
+               for r in results)  # type: ignore[attr-defined]
+
+
+def test_strings_reach_egglog_as_utf8() -> None:
+    from autofusion.engine.egraph import EggSession
+    from autofusion.engine.encode import quote
+
+    text = 'tmpé/ü "q" back\\slash'
+    s = EggSession()
+    s.run("(datatype E (S String))\n(let $x (S " + quote(text) + "))")
+    assert s.size() == 1

@@ -46,7 +46,8 @@ class LibrarySource:
     buffers: BufferPlan | None = None
     uses_blas: bool = False
     function: Mapping[str, str] = field(default_factory=dict)  # group -> C function that runs it
-    profiled: tuple[str, ...] = ()  # a profiling build: the groups af_profile times, in its order
+    profile: bool = False  # a profiling build: af_profile times every group of ``profiled``
+    profiled: tuple[str, ...] = ()  # the groups af_profile times, in its order
 
     @property
     def text(self) -> str:
@@ -188,7 +189,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
         n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final, profile=profile)
     return LibrarySource("superkernel", tuple(units) + (("main.c", main),), templates.runtime_header(),
                          tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels), function,
-                         tuple(str(s["group"]) for s in steps) if profile else ())
+                         profile, tuple(str(s["group"]) for s in steps) if profile else ())
 
 
 def render_unfused(plan: Plan, templates: TemplateSet | None = None,

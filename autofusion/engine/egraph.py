@@ -95,6 +95,9 @@ def top_level_forms(text: str) -> list[str]:
             depth -= 1
             if depth == 0:
                 forms.append(text[start:i + 1])
+            elif depth < 0:  # a stray ")": the rest goes to egglog as is, to be reported there
+                forms.append(text[i:])
+                return forms
         i += 1
     if depth:
         forms.append(text[start:])  # unbalanced: egglog reports the error
@@ -147,21 +150,29 @@ class EggSession:
         return Serialized.parse(s.to_json())
 
 
-PREPARED_KEEP = 4  # prepared sessions kept per process (one per rule set in use)
-_prepared: OrderedDict[str, EggSession] = OrderedDict()
-_prepared_lock = threading.Lock()
+PREPARED_KEEP = 4  # prepared sessions kept per thread (one per rule set in use)
+# egglog's EGraph belongs to the thread that made it (using or dropping it elsewhere panics), so
+# every thread keeps its own sessions
+_local = threading.local()
+
+
+def _prepared_here() -> OrderedDict[str, EggSession]:
+    cache = getattr(_local, "prepared", None)
+    if cache is None:
+        cache = _local.prepared = OrderedDict()
+    return cache
 
 
 @contextmanager
 def prepared_session(prelude: str) -> Iterator[EggSession]:
     """A session that has run ``prelude`` (declarations and rules: egglog takes 0.1-0.2 s to compile
     a rule library, more than a small graph's whole saturation), reused across calls. Each use runs
-    between ``(push)`` and ``(pop)``, so it starts from the prelude's state and leaves it so. A
-    session is lent to one user at a time; a concurrent caller, or an egglog without push/pop,
-    gets a fresh one."""
+    between ``(push)`` and ``(pop)``, so it starts from the prelude's state and leaves it so.
+    Sessions are kept per thread and lent to one user at a time (a nested caller, or an egglog
+    without push/pop, gets a fresh one)."""
     key = hashlib.sha256(prelude.encode()).hexdigest()
-    with _prepared_lock:
-        session = _prepared.pop(key, None)
+    cache = _prepared_here()
+    session = cache.pop(key, None)
     if session is None:
         session = EggSession()
         session.run(prelude)
@@ -180,7 +191,6 @@ def prepared_session(prelude: str) -> Iterator[EggSession]:
         except EgglogError:
             finished = False
         if finished:
-            with _prepared_lock:
-                _prepared[key] = session
-                while len(_prepared) > PREPARED_KEEP:
-                    _prepared.popitem(last=False)
+            cache[key] = session
+            while len(cache) > PREPARED_KEEP:
+                cache.popitem(last=False)

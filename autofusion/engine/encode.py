@@ -79,8 +79,8 @@ def parse_attrs(text: str) -> FrozenMap[str, Any]:
 
 
 def quote(text: str) -> str:
-    """An egglog string literal."""
-    return json.dumps(text)
+    """An egglog string literal (egglog reads UTF-8 but not JSON's \\u escapes)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def f64(value: float) -> str:

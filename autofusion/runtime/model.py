@@ -70,8 +70,10 @@ class CompiledModel:
 
     def step_seconds(self) -> dict[str, float]:
         """Seconds each group's step took in the last ``run`` (a model built with ``profile=True``)."""
-        if not self.source.profiled:
+        if not self.source.profile:
             raise RunError("step_seconds needs a profiling build: CompiledModel(plan, profile=True)")
+        if not self.source.profiled:
+            return {}
         self._lib.af_profile.restype = ctypes.POINTER(ctypes.c_double)
         times = self._lib.af_profile()
         return {group: float(times[i]) for i, group in enumerate(self.source.profiled)}
