@@ -135,7 +135,7 @@ def _layernorm_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
     assert scale is not None
     axis = int(a.get("axis", -1)) % x.ndim
     axes = tuple(range(axis, x.ndim))
-    xf = x.astype(np.float32)
+    xf = x.astype(np.promote_types(x.dtype, np.float32))  # stash type float32, or wider for wider inputs
     mean = np.mean(xf, axis=axes, keepdims=True)
     centered = xf - mean
     inv_std = 1.0 / np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True) + np.float32(a.get("epsilon", 1e-5)))

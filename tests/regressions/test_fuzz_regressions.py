@@ -91,3 +91,31 @@ def test_compare_outputs_with_zero_tolerance_accepts_equal_and_rejects_different
     same = {"y": np.ones(2, np.float32)}
     assert compare_outputs(same, same, rtol=0, atol=0).ok
     assert not compare_outputs(same, {"y": np.array([1, 1.5], np.float32)}, rtol=0, atol=0).ok
+
+
+def test_layer_norm_of_a_constant_row_is_judged_against_the_float64_reference() -> None:
+    """Seed 308006 (campaign): LayerNormalization of Min(x @ w, c) where every value is clamped to c.
+    The row's variance is 0, so the float32 reference's own rounding of x - mean is divided by
+    sqrt(epsilon): it is off by 1.4e-5 while the SuperKernel gives the exact answer (the bias)."""
+    from autofusion.fuzz.differential import _compare, _differs, float64_reference
+
+    case = random_case(308006)
+    result = run_case(case, CACHE)
+    assert (result.outcome, result.detail) == ("ok", "matched the float64 reference")
+    exact = float64_reference(case.graph, case.feeds)
+    assert exact is not None and _compare(run_graph(case.graph, case.feeds), exact)  # float32 reference is off
+    wrong = {k: v + np.float32(1e-3) for k, v in exact.items()}
+    rechecked: list[bool] = []
+    assert _differs(run_graph(case.graph, case.feeds), wrong, case, rechecked)  # wrong against both: a mismatch
+    assert not rechecked
+    assert not _differs(run_graph(case.graph, case.feeds), exact, case, rechecked) and rechecked == [True]
+
+
+def test_float64_reference_agrees_with_the_float32_one_on_ordinary_cases() -> None:
+    from autofusion.fuzz.differential import _compare, float64_reference
+
+    for seed in range(300000, 300030):
+        case = random_case(seed)
+        exact = float64_reference(case.graph, case.feeds)
+        if exact is not None:
+            assert not _compare(run_graph(case.graph, case.feeds), exact), seed
