@@ -50,18 +50,22 @@ def outside_row(case: str, data: dict[str, Any]) -> str:
     r = data["runners"]
     u, f = r["unfused"], r["fused"]
     ratios = data["ratios"]
+    how = str(f.get("outside_opaque_method", "")).split(":")[0]
+    estimate = f.get("outside_opaque_estimate_ms")
     return (f"| {case} | {u['outside_opaque_ms']:.2f} | {f['outside_opaque_ms']:.2f} | "
             f"{_x(ratios.get('outside_opaque_unfused_over_fused'))} | {u['outside_opaque_best_ms']:.2f} | "
             f"{f['outside_opaque_best_ms']:.2f} | {_x(ratios.get('outside_opaque_best_unfused_over_fused'))} | "
+            f"{how} | {'n/a' if estimate is None else f'{estimate:.2f}'} | "
             f"{u['opaque_core_best_ms']:.2f} | {f['opaque_core_best_ms']:.2f} |")
 
 
 def main() -> int:
     files = sorted(RESULTS.glob("bench_*.json"))
-    outside = ["| case | unfused outside ms (medians) | fused outside ms (estimate, medians) | unfused / fused "
-               "| unfused outside ms (minima) | fused outside ms (estimate, minima) | unfused / fused "
+    outside = ["| case | unfused outside ms (medians) | fused outside ms (medians) | unfused / fused "
+               "| unfused outside ms (minima) | fused outside ms (minima) | unfused / fused | fused: how "
+               "| fused whole-run estimate ms (median) "
                "| opaque cores ms, unfused graph (minima) | opaque cores ms, plan graph (minima) |",
-               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for path in files:
         data = json.loads(path.read_text())
         case = path.stem.removeprefix("bench_")
