@@ -1,11 +1,12 @@
 """Groups with several MatMul/Gemm/Conv cores in one kernel: ``lstm_scan`` (an LSTM cell unrolled
 over time steps, the recurrence inside one kernel) and any other multi-core group.
 
-Nodes are ordered by *level*: the number of cores on the longest path to them. Level by level the
-kernel runs the cores of that level (sgemm into a buffer) and then one fused loop-nest phase for
-the elementwise nodes of that level. A value is written to memory only when a later level or a core
-reads it (an LSTM's hidden and cell states between steps) or when it is a group output; everything
-else stays inlined. Materialised values live in the group's scratch memory.
+Nodes are ordered by *level*: the number of cores on the longest path to them (a core is then moved
+as late as its readers allow). Level by level the kernel runs the cores of that level (sgemm into a
+buffer) and then one fused loop-nest phase for the elementwise nodes of that level. A value is written
+to memory only when a later level or a core reads it (an LSTM's hidden and cell states between
+steps) or when it is a group output; everything else stays inlined. Materialised values live in the
+group's scratch memory, a slot reused once every level that reads its value has run.
 """
 
 from __future__ import annotations
@@ -40,14 +41,37 @@ def render_staged(k: KernelContext, nodes: list[Node]) -> str:
         for t in node.inputs:
             if t:
                 consumers.setdefault(t, []).append(node)
+    outputs = set(k.group.outputs)
+    # a core runs as late as its readers allow (a phase reads it at its own level, a core one level
+    # later): an LSTM's input projection of step t is computed at step t, not all sixteen up front
+    for node in reversed(nodes):
+        if node.op not in CORE_OPS or any(t in outputs for t in node.outputs):
+            continue
+        bounds = [level[c.name] - (1 if c.op in CORE_OPS else 0)
+                  for t in node.outputs if t for c in consumers.get(t, ())]
+        if bounds:
+            level[node.name] = max(level[node.name], min(bounds))
 
     materialized: dict[str, str] = {}
-    outputs = set(k.group.outputs)
+    top = max(level.values(), default=0)
+    # scratch slots are reused by level: a value's slot is free once every level that reads it has
+    # run (an LSTM unrolled over 16 steps needs two steps' worth, not sixteen)
+    free: list[tuple[int, int]] = []  # (bytes, offset) of slots free for the levels to come
+    released: dict[int, list[tuple[int, int]]] = {}  # level -> slots free after it
 
     def buffer_for(tensor: str) -> str:
         if tensor in outputs:
             return k.pointer(tensor)
-        return f"(({k.ctype_of(tensor)}*)(scratch + {k.scratch(g.types[tensor].nbytes)}))"
+        nbytes = g.types[tensor].nbytes
+        fits = [slot for slot in free if slot[0] >= nbytes]
+        if fits:
+            slot = min(fits)
+            free.remove(slot)
+        else:
+            slot = (nbytes, k.scratch(nbytes))
+        last = max((level[c.name] for c in consumers.get(tensor, ())), default=top + 1)
+        released.setdefault(last, []).append(slot)
+        return f"(({k.ctype_of(tensor)}*)(scratch + {slot[1]}))"
 
     def loads() -> dict[str, Override]:
         out: dict[str, Override] = {}
@@ -57,7 +81,6 @@ def render_staged(k: KernelContext, nodes: list[Node]) -> str:
         return out
 
     parts: list[str] = []
-    top = max(level.values(), default=0)
     for lvl in range(top + 1):
         for core in (n for n in nodes if n.op in CORE_OPS and level[n.name] == lvl):
             ybuf = buffer_for(core.outputs[0])
@@ -80,6 +103,7 @@ def render_staged(k: KernelContext, nodes: list[Node]) -> str:
             parts.append(f"/* {c_comment_text(f'level {lvl}: {len(phase)} elementwise ops')} */\n"
                          + nest.render(targets))
             materialized.update(targets)
+        free.extend(released.pop(lvl, ()))
     missing = [t for t in k.group.outputs if t not in materialized]
     if missing:
         raise k.error(f"outputs {missing} were not produced by any stage (inconsistent plan)")
