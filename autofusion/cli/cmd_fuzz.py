@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out.json(report.to_json())
     else:
-        rechecked = f" ({report.float64_rechecked} matched only the float64 reference)" if report.float64_rechecked else ""
+        rechecked = (f" ({len(report.float64_rechecked)} matched only the float64 reference)"
+                     if report.float64_rechecked else "")
         out.line(f"cases {report.cases}, ok {report.ok}{rechecked}, refused {report.refused}, "
                  f"mismatches {len(report.mismatches)}, failures {len(report.failures)} "
                  f"({report.cases / report.seconds if report.seconds else 0.0:.2f} cases/s)")

@@ -49,7 +49,7 @@ class CampaignReport:
     ok: int = 0
     refused: int = 0
     seconds: float = 0.0
-    float64_rechecked: int = 0  # ok cases that matched only the float64 reference
+    float64_rechecked: list[int] = field(default_factory=list)  # seeds of ok cases that matched only in float64
     mismatches: list[CaseResult] = field(default_factory=list)
     failures: list[CaseResult] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)  # error type -> count
@@ -60,7 +60,8 @@ class CampaignReport:
         def rows(results: list[CaseResult]) -> list[dict[str, object]]:
             return [{"seed": r.seed, "strategy": r.strategy, "backend": r.backend, "detail": r.detail}
                     for r in results]
-        return {"cases": self.cases, "ok": self.ok, "float64_rechecked": self.float64_rechecked,
+        return {"cases": self.cases, "ok": self.ok, "float64_rechecked": len(self.float64_rechecked),
+                "float64_rechecked_seeds": self.float64_rechecked,
                 "refused": self.refused, "refusals": self.refusals,
                 "mismatches": rows(self.mismatches), "failures": rows(self.failures),
                 "by_strategy": self.by_strategy, "seconds": round(self.seconds, 3),
@@ -186,7 +187,8 @@ def run_campaign(cases: int, seed: int, cache: str | Path | None = None, max_ops
         report.by_strategy[case.strategy] = report.by_strategy.get(case.strategy, 0) + 1
         if result.outcome == "ok":
             report.ok += 1
-            report.float64_rechecked += bool(result.detail)
+            if result.detail:
+                report.float64_rechecked.append(result.seed)
         elif result.outcome == "refused":
             report.refused += 1
             kind = result.detail.split(":", 1)[0]

@@ -119,3 +119,10 @@ def test_float64_reference_agrees_with_the_float32_one_on_ordinary_cases() -> No
         exact = float64_reference(case.graph, case.feeds)
         if exact is not None:
             assert not _compare(run_graph(case.graph, case.feeds), exact), seed
+
+
+def test_campaign_report_names_the_seeds_rechecked_in_float64() -> None:
+    from autofusion.fuzz import run_campaign
+
+    data = run_campaign(1, 308006, CACHE).to_json()
+    assert (data["ok"], data["float64_rechecked"], data["float64_rechecked_seeds"]) == (1, 1, [308006])
