@@ -15,7 +15,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -147,15 +147,17 @@ def measure(name: str, setup: BenchSetup, reference: Outputs, repeat: int, warmu
         step(f"kernel by kernel {name}")
         graph = setup.graph if name == "unfused" else setup.plan.graph
         op_times = time_ops(graph, setup.feeds, repeat, setup.threads)
-    step_times = None
+    step_times, step_error = None, None
     if name == "fused" and op_times is not None:
         step(f"group by group {name}")
         try:
             step_times = time_steps(setup.plan, setup.feeds, repeat, setup.threads)
-        except Exception:  # the profiling build is extra: without it the estimate stands in, as noted
-            step_times = None
-    return Measured(name, _result(runner, outputs, probe, extra, times, reference, rtol, atol), op_times=op_times,
-                    step_times=step_times)
+        except Exception as e:  # the profiling build is extra: the estimate stands in, and the reason is kept
+            step_error = f"{type(e).__name__}: {e}"
+    result = _result(runner, outputs, probe, extra, times, reference, rtol, atol)
+    if step_error is not None:
+        result = replace(result, extra={**result.extra, "profiling_build_error": step_error})
+    return Measured(name, result, op_times=op_times, step_times=step_times)
 
 
 def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup: int = 2,
@@ -235,7 +237,6 @@ def _with_outside_opaque(results: list[RunnerResult], op_times: Mapping[str, OpT
                          step_times: Mapping[str, StepTimes] | None = None) -> list[RunnerResult]:
     """Unfused: its non-opaque kernels, measured. Fused: its groups clocked in a profiling build
     (kernels around a core less that core); without one, its median minus its plan's opaque cores."""
-    from dataclasses import replace
 
     out = []
     for r in results:

@@ -127,11 +127,7 @@ def time_steps(plan: Plan, feeds: Mapping[str, np.ndarray], repeat: int, threads
 
     model = CompiledModel(plan, threads=threads, profile=True)
     model.run(feeds)
-    samples: dict[str, list[float]] = {}
-    for _ in range(max(MIN_OP_RUNS, repeat)):
-        model.run(feeds)
-        for name, seconds in model.step_seconds().items():
-            samples.setdefault(name, []).append(seconds)
+    samples = model.step_samples(feeds, max(MIN_OP_RUNS, repeat))
     g = plan.graph
     opaque = other = opaque_best = other_best = 0.0
     for group in plan.groups:

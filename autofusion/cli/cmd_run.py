@@ -174,11 +174,7 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
         raise CliError(str(e)) from None
     if not args.profile:
         return outputs, start, None
-    samples: dict[str, list[float]] = {}
-    for _ in range(PROFILE_RUNS):  # after the first run: its page faults and thread start-up are not the kernels'
-        model.run(feeds)
-        for name, seconds in model.step_seconds().items():
-            samples.setdefault(name, []).append(seconds)
+    samples = model.step_samples(feeds, PROFILE_RUNS)  # after the first run: its page faults are not the kernels'
     groups = {g.name: g for g in model.plan.groups}
     rows = [{"kernel": name, "template": groups[name].template, "nodes": len(groups[name].nodes),
              "ms": statistics.median(times) * 1e3} for name, times in samples.items()]

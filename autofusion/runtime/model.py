@@ -78,6 +78,15 @@ class CompiledModel:
         times = self._lib.af_profile()
         return {group: float(times[i]) for i, group in enumerate(self.source.profiled)}
 
+    def step_samples(self, feeds: Mapping[str, np.ndarray], runs: int) -> dict[str, list[float]]:
+        """Seconds of each group's step over ``runs`` runs of a profiling build, by group."""
+        samples: dict[str, list[float]] = {}
+        for _ in range(runs):
+            self.run(feeds)
+            for group, seconds in self.step_seconds().items():
+                samples.setdefault(group, []).append(seconds)
+        return samples
+
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run the model on ``feeds``; RunError when a feed is missing or mistyped."""
         graph = self.plan.graph
