@@ -44,7 +44,7 @@ def test_bias_gelu_residual_epilogue_per_tile() -> None:
     h = b.op("Add", b.op("MatMul", x, b.const(f32(32, 48))), b.const(f32(48)))
     g = b.build([b.op("Add", gelu_erf(b, h), res)])
     code = check(g, {"x": f32(2, 16, 32), "res": f32(2, 16, 48)})
-    assert "af_sgemm(" in code and "af_erff" in code
+    assert "af_sgemm_packed(" in code and "af_erff" in code  # a constant weight: packed at build time
     assert code.count("for (int64_t o = 0;") == 0  # no separate epilogue pass: it runs in the tile loop
     assert re.search(r"c\[mi \* \d+ \+ ni\]", code)  # the epilogue reads the tile just computed
 
@@ -74,7 +74,8 @@ def test_gemm_attributes(trans_a: int, trans_b: int, alpha: float, beta: float, 
     args = [a, w] + ([b.const(f32(*c_shape))] if c_shape is not None else [])
     y = b.op("Gemm", *args, transA=trans_a, transB=trans_b, alpha=alpha, beta=beta)
     g = b.build([b.op("Tanh", y)])
-    check(g, {"a": f32(20, 8) if trans_a else f32(8, 20)})
+    code = check(g, {"a": f32(20, 8) if trans_a else f32(8, 20)})
+    assert "af_sgemm_packed(" in code  # transposed operands too: W is packed, A is read through strides
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [
@@ -120,8 +121,9 @@ def test_horizontal_qkv_shares_one_input_and_concatenated_weights() -> None:
     report = compare_outputs(run_graph(g, {"x": (x_v := f32(1, 16, 32))}), model.run({"x": x_v}))
     assert report.ok, report.summary()
     (kernel,) = model.source.kernels
-    assert len(kernel.derived) == 1 and kernel.derived[0][1].shape == (32, 96)  # weights concatenated once
-    assert kernel.code.count("af_sgemm(") == 1  # one product, outputs split by columns
+    # weights concatenated once, packed into 3 panels of 32 rows x 32 columns
+    assert len(kernel.derived) == 1 and kernel.derived[0][1].shape == (3, 32, 32)
+    assert kernel.code.count("af_sgemm_packed(") == 1 and "af_sgemm(" not in kernel.code  # one product
 
 
 def test_horizontal_tiles_straddle_outputs_and_feed_late_outputs() -> None:
@@ -133,7 +135,7 @@ def test_horizontal_tiles_straddle_outputs_and_feed_late_outputs() -> None:
     late = b.op("Transpose", v, perm=(0, 2, 1))  # needs all of v: computed after the tiles
     g = b.build([q, k, late])
     code = check(g, {"x": f32(2, 24, 40)}, template="horizontal_gemm")
-    assert code.count("af_sgemm(") == 1 and "columns 300..500 of the product" in code
+    assert code.count("af_sgemm_packed(") == 1 and "columns 300..500 of the product" in code
 
 
 def test_attention_block_with_two_matmuls_runs_staged() -> None:
@@ -145,15 +147,25 @@ def test_attention_block_with_two_matmuls_runs_staged() -> None:
     assert code.count("af_sgemm(") == 2 and "stage 0: Softmax" in code
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 25])
 @pytest.mark.parametrize("n", [5, 64, 130, 520])
-def test_few_row_products_match_on_every_row_and_column_count(m: int, n: int) -> None:
-    """At most 8 rows, neither operand transposed: af_sgemm's own kernel (row passes of 1-4, column
-    blocks of 4 vectors and a remainder); 9 rows go to OpenBLAS. Scaled by alpha through Gemm."""
+def test_packed_products_match_on_every_row_and_column_count(m: int, n: int) -> None:
+    """A constant weight runs af_sgemm_packed: blocks of up to 12 rows and every remainder, panels of
+    32 columns and a zero-padded last panel, tiles of several panels. Scaled by alpha through Gemm."""
     b = GraphBuilder("few_rows")
     x = b.input("x", (m, 40))
     y = b.op("Relu", b.op("Gemm", x, b.const(f32(40, n)), b.const(f32(n)), alpha=0.5))
     check(b.build([y]), {"x": f32(m, 40)})
+
+
+@pytest.mark.parametrize("k", [511, 512, 1100])
+def test_packed_products_over_several_passes_of_k(k: int) -> None:
+    """K beyond one pass of 512 rows: later passes continue the sums stored by the pass before, and
+    alpha is applied once, on the last."""
+    b = GraphBuilder("deep")
+    x = b.input("x", (14, k))
+    y = b.op("Gemm", x, b.const(f32(k, 70, scale=0.05)), b.const(f32(70)), alpha=0.5)
+    check(b.build([b.op("Relu", y)]), {"x": f32(14, k)})
 
 
 def test_few_row_products_with_strided_operands_and_batches() -> None:
@@ -166,9 +178,8 @@ def test_few_row_products_with_strided_operands_and_batches() -> None:
     check(b.build([y]), {"x": f32(3, 24, 6), "r": f32(3, 6, 70)})
 
 
-def test_af_sgemm_small_kernel_against_numpy(tmp_path) -> None:
-    """The few-row kernel itself, compiled alone with the project's flags: every row count up to 8,
-    column counts around the block width, leading dimensions wider than the operands, alpha."""
+def _af_sgemm_library(tmp_path, entry: str):
+    """af_sgemm.c.j2 compiled alone with the project's flags, plus an exported ``run`` entry."""
     import ctypes
     import subprocess
 
@@ -178,14 +189,22 @@ def test_af_sgemm_small_kernel_against_numpy(tmp_path) -> None:
     tc = detect_toolchain()
     inc, link = blas_flags()
     src = tmp_path / "t.c"
-    src.write_text("#include <stdint.h>\n#include <cblas.h>\n" + default_templates().render("af_sgemm.c.j2") + """
-__attribute__((visibility("default"))) void run(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-    af_sgemm(CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc);
-}
-""")
+    src.write_text("#include <stdint.h>\n#include <cblas.h>\n" + default_templates().render("af_sgemm.c.j2")
+                   + '\n__attribute__((visibility("default"))) ' + entry)
     lib = tmp_path / "t.so"
     subprocess.run([tc.cc, *tc.cflags, *inc, "-shared", "-fPIC", str(src), "-o", str(lib), *link], check=True)
-    run = ctypes.CDLL(str(lib)).run
+    return ctypes.CDLL(str(lib)).run
+
+
+def test_af_sgemm_small_kernel_against_numpy(tmp_path) -> None:
+    """The few-row kernel itself: every row count up to 8, column counts around the block width,
+    leading dimensions wider than the operands, alpha."""
+    import ctypes
+
+    run = _af_sgemm_library(tmp_path, """void run(int m, int n, int k, float alpha, const float* a, int lda,
+                                                  const float* b, int ldb, float* c, int ldc) {
+    af_sgemm(CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc);
+}""")
     ptr = ctypes.POINTER(ctypes.c_float)
     for m in range(1, 10):
         for n, k in ((1, 3), (63, 17), (64, 64), (100, 33), (257, 70)):
@@ -195,3 +214,40 @@ __attribute__((visibility("default"))) void run(int m, int n, int k, float alpha
                 c.ctypes.data_as(ptr), n + 2)
             np.testing.assert_allclose(c[:, :n], 0.5 * a[:, :k] @ b[:, :n], rtol=1e-4, atol=1e-5)
             assert np.isnan(c[:, n:]).all()
+
+
+def test_af_sgemm_packed_reads_the_layout_pack_weights_writes(tmp_path) -> None:
+    """af_sgemm_packed on weights packed by pack_weights: row counts around the 12-row block, columns
+    around the 32-column panel, K over several passes, A plain or transposed, ldc wider than N, a
+    call that starts at a later panel (column n0 at w + n0 * K)."""
+    import ctypes
+
+    from autofusion.codegen.gemm import PACK_NR, pack_weights
+
+    run = _af_sgemm_library(tmp_path, """void run(int m, int n, int k, float alpha, const float* a, int64_t ars,
+                                                  int64_t aps, const float* w, float* c, int ldc) {
+    af_sgemm_packed(m, n, k, alpha, a, ars, aps, w, c, ldc);
+}""")
+    ptr = ctypes.POINTER(ctypes.c_float)
+    i32, i64 = ctypes.c_int, ctypes.c_int64
+    run.argtypes = [i32, i32, i32, ctypes.c_float, ptr, i64, i64, ptr, ptr, i32]
+    for m, n, k in ((1, 1, 3), (5, 31, 17), (12, 32, 64), (13, 33, 513), (25, 100, 1030), (3, 257, 7)):
+        w = f32(k, n)
+        packed = pack_weights(w)
+        assert packed.shape == (-(-n // PACK_NR), k, PACK_NR)
+        for transposed in (False, True):
+            a = f32(k, m + 2) if transposed else f32(m, k + 3)
+            a_mk = a[:, :m].T if transposed else a[:, :k]
+            ars, aps = (1, m + 2) if transposed else (k + 3, 1)
+            c = np.full((m, n + 2), np.nan, np.float32)
+            run(m, n, k, 0.5, a.ctypes.data_as(ptr), ars, aps, packed.ctypes.data_as(ptr),
+                c.ctypes.data_as(ptr), n + 2)
+            np.testing.assert_allclose(c[:, :n], 0.5 * a_mk @ w, rtol=1e-4, atol=1e-4)
+            assert np.isnan(c[:, n:]).all()
+    m, n, k, n0 = 4, 100, 40, 64  # columns 64.. of W: the third panel on
+    w, a = f32(k, n), f32(m, k)
+    packed = pack_weights(w)
+    c = np.zeros((m, n - n0), np.float32)
+    run(m, n - n0, k, 1.0, a.ctypes.data_as(ptr), k, 1,
+        packed.reshape(-1)[n0 * k:].ctypes.data_as(ptr), c.ctypes.data_as(ptr), n - n0)
+    np.testing.assert_allclose(c, a @ w[:, n0:], rtol=1e-4, atol=1e-4)

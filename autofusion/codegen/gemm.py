@@ -1,10 +1,11 @@
 """MatMul / Gemm with a fused epilogue (``gemm_epilogue``) and several projections of one input
 (``horizontal_gemm``).
 
-The core calls OpenBLAS's ``sgemm`` (``scipy_cblas_sgemm``) on tiles of the output, tiles in
-parallel with BLAS on one thread each; right after a tile's sgemm, while it is in cache, the
-epilogue (bias, activation, residual, scaling, ...) runs on that tile and writes the group's
-outputs. Operands that are transposed or reshaped views of a buffer are passed to BLAS through
+The core computes tiles of the output, tiles in parallel: products with a constant 2-D weight run
+``af_sgemm_packed`` on the weight packed once at build time into column panels (``pack_weights``),
+other products call OpenBLAS's ``sgemm`` (``scipy_cblas_sgemm``) on one thread per tile. Right after
+a tile's product, while it is in cache, the epilogue (bias, activation, residual, scaling, ...) runs
+on that tile and writes the group's outputs. Operands that are transposed or reshaped views of a buffer are passed to BLAS through
 strides (no copy); other operands are computed into scratch first. Outputs that do not line up
 with the tiles (a transpose after the MatMul, a reduction over it) are computed after the
 tiles from the full product.
@@ -39,6 +40,28 @@ TILE_N = 512
 MIN_TILE_N = 256
 MIN_TILES = 4
 PARALLEL_MIN_FLOPS = 1 << 19  # smaller products run on one thread
+PACK_NR = 32  # columns per panel of a packed weight: AF_PACK_NR in templates/c/af_sgemm.c.j2
+PACKED_MIN_TILES = 8  # packed products read no packed copy per tile: smaller tiles cost little
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """A [K, N] weight as af_sgemm_packed reads it: ceil(N / PACK_NR) panels, each K rows of PACK_NR
+    columns, the last panel zero-padded."""
+    k, n = w.shape
+    panels = -(-n // PACK_NR)
+    padded = np.zeros((k, panels * PACK_NR), np.float32)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, panels, PACK_NR).transpose(1, 0, 2))
+
+
+def _packed_column_block(n: int, row_tiles: int) -> int:
+    """Columns per tile of a packed product: whole panels, and enough tiles, a multiple of 4, for
+    threads to share evenly (3 tiles on 2 threads left one idle for a third of FFN-out's time)."""
+    col_tiles = max(-(-n // TILE_N), -(-PACKED_MIN_TILES // row_tiles))
+    col_tiles = -(-col_tiles // 4) * 4
+    per_tile = -(-n // col_tiles)
+    nb = -(-per_tile // PACK_NR) * PACK_NR
+    return n if nb >= n else nb
 
 
 def _column_block(n: int, row_tiles: int) -> int:
@@ -68,6 +91,8 @@ class _Segment:
     row_stride_a: int = 0
     targets: list[tuple[str, str]] = field(default_factory=list)
     ybuf: str = ""  # full buffer holding Y (an output, or scratch when late outputs need it)
+    weight: np.ndarray | None = None  # B as a constant [K, N] weight: packed into column panels at build time
+    weight_label: str = ""
 
     @property
     def rows(self) -> int:
@@ -162,6 +187,9 @@ class _Gemm:
         seg = _Segment(node, node.outputs[0], a, b, alpha, c_input, beta, drop_m, drop_n)
         seg.batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
         self._fold_batch(seg)
+        if not drop_n:
+            seg.weight = _constant_weight(self.k, node)
+            seg.weight_label = f"{node.name}_packed"
         for which, tensor in (("a", a_t), ("b", b_t)):
             if self._layout(seg, which) is None:  # strides BLAS cannot take: copy the operand first
                 setattr(seg, which, self._oriented(node, self._scratch_copy(tensor), which))
@@ -263,13 +291,18 @@ class _Gemm:
 
     @staticmethod
     def _mergeable(segments: list[_Segment]) -> bool:
-        """Whether the segments are column blocks of one product (shared A, concatenated B)."""
+        """Whether the segments are column blocks of one product: a shared A, and B either constant
+        weights (packed side by side) or column ranges of one buffer, next to each other."""
         first = segments[0]
+        if any(s.a != first.a or s.alpha != first.alpha or s.batch != first.batch or s.flat != first.flat
+               or s.drop_m != first.drop_m or s.drop_n for s in segments):
+            return False
+        if all(s.weight is not None for s in segments):
+            return True
         off = first.b.offset
         for s in segments:
-            if (s.a != first.a or s.alpha != first.alpha or s.batch != first.batch or s.flat != first.flat
-                    or s.drop_m != first.drop_m or s.drop_n or s.b.ptr != first.b.ptr
-                    or s.b.strides != first.b.strides or s.b.offset != off or s.b.strides[-1] != 1):
+            if (s.b.ptr != first.b.ptr or s.b.strides != first.b.strides or s.b.offset != off
+                    or s.b.strides[-1] != 1):
                 return False
             off += s.n
         return True
@@ -281,12 +314,15 @@ class _Gemm:
         whole = _Segment(first.node, first.y, first.a, StridedView(first.b.ptr, first.b.shape[:-1] + (total,),
                                                                    first.b.strides, first.b.offset),
                          first.alpha, "", 1.0, first.drop_m, False, first.batch, first.flat, first.row_stride_a)
+        weights = [s.weight for s in segments if s.weight is not None]
+        if len(weights) == len(segments):
+            whole.weight, whole.weight_label = np.concatenate(weights, axis=1), "weights_cat_packed"
         for s in segments:
             if s.ybuf and (s.y, s.ybuf) not in s.targets:
                 s.targets.insert(0, (s.y, s.ybuf))  # the product goes to the tile: copy Y out
         data = self._segment_data(whole, parts=segments)
         data["comment"] = c_comment_text(
-            f"one sgemm for {', '.join(s.node.name for s in segments)}: [{data['m']} x {data['k']}] @ "
+            f"one product for {', '.join(s.node.name for s in segments)}: [{data['m']} x {data['k']}] @ "
             f"[{data['k']} x {total}] (weights concatenated), outputs split by columns")
         if late:
             overrides = {s.y: self._full_override(s) for s in segments if s.ybuf}
@@ -345,7 +381,8 @@ class _Gemm:
         n, kk = seg.n, seg.k
         n_batch = seg.calls
         mb = max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
-        nb = _column_block(n, n_batch * -(-m_total // mb))
+        row_tiles = n_batch * -(-m_total // mb)
+        nb = _packed_column_block(n, row_tiles) if seg.weight is not None else _column_block(n, row_tiles)
         tiles_m, tiles_n = -(-m_total // mb), -(-n // nb)
         ta, lda = self._layout(seg, "a") or (False, 1)
         tb, ldb = self._layout(seg, "b") or (False, 1)
@@ -375,6 +412,10 @@ class _Gemm:
                 row_lines.append(f"const int64_t i{m_dim} = m0 + mi;")
         a_ptr = f"{seg.a.ptr} + {ix.paren(ix.add(a_terms, ix.mul('m0', seg.row_stride_a)))}"
         b_ptr = f"{seg.b.ptr} + {ix.paren(ix.add(b_terms, ix.mul('n0', seg.b.strides[-1])))}"
+        packed = seg.weight is not None
+        if seg.weight is not None:  # tiles start on panel boundaries: column n0 of the packed weight is at n0 * K
+            assert tiles_n == 1 or nb % PACK_NR == 0, (n, nb)
+            b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(seg.weight))} + {ix.mul('n0', kk)}"
         if seg.ybuf:
             c_ptr, ldc = f"{seg.ybuf} + {ix.paren(ix.add(y_batch, ix.add(ix.mul('m0', n), 'n0')))}", n
         else:
@@ -390,6 +431,7 @@ class _Gemm:
             "tiles": n_batch * tiles_m * tiles_n, "tiles_m": tiles_m, "tiles_n": tiles_n, "mb": mb, "nb": nb,
             "m": m_total, "n": n, "k": kk, "alpha": literal(seg.alpha, DType.FLOAT32),
             "ta": "CblasTrans" if ta else "CblasNoTrans", "tb": "CblasTrans" if tb else "CblasNoTrans",
+            "packed": packed, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
             "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
         }
@@ -437,18 +479,7 @@ def render_horizontal(k: KernelContext, nodes: list[Node]) -> str:
         raise k.error("template 'horizontal_gemm' needs MatMuls that share their first input "
                       f"(got {sorted(shared)})")
     gm = _Gemm(k, nodes, cores)
-    weights = [_constant_weight(k, n) for n in cores]
-    overrides: list[StridedView | None] = [None] * len(cores)
-    if all(w is not None for w in weights):
-        mats = [w for w in weights if w is not None]
-        if len({w.shape[0] for w in mats}) == 1:
-            cat = np.ascontiguousarray(np.concatenate(mats, axis=1).astype(np.float32))
-            ptr = k.derived_constant("weights_cat", cat)
-            total, off = cat.shape[1], 0
-            for i, w in enumerate(mats):
-                overrides[i] = StridedView(ptr, w.shape, (total, 1), off)
-                off += w.shape[1]
-    return gm.render([gm.segment(n, overrides[i]) for i, n in enumerate(cores)])
+    return gm.render([gm.segment(n) for n in cores])  # constant weights: packed side by side, one product
 
 
 def _constant_weight(k: KernelContext, node: Node) -> np.ndarray | None:

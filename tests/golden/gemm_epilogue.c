@@ -1,7 +1,7 @@
 /* k0_matmul_add_div_erf_mul: MatMul -> Add -> Div -> Erf -> Mul -> Add -> Mul */
 /* template gemm_epilogue, kind linear, 7 node(s) */
 /* rules: fuse_gemm_epilogue (rules/example.fuse:7) */
-AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const float* restrict t_const_1, const float* restrict t_const_3, float* restrict t_mul_12_out, char* restrict scratch, int nt)
+AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const float* restrict t_const_1, const float* restrict t_const_3, float* restrict t_mul_12_out, const float* restrict t_d_matmul_2_packed, char* restrict scratch, int nt)
 {
     (void)scratch;
     (void)nt;
@@ -10,19 +10,19 @@ AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const
         scipy_openblas_set_num_threads(1); /* tiles run in parallel, one sgemm per thread at a time */
         #pragma omp parallel num_threads(nt)
         {
-            float* restrict tile = (float*)af_alloc(65536 * sizeof(float));
+            float* restrict tile = (float*)af_alloc(49152 * sizeof(float));
             /* MatMul matmul_2: 1 x [128 x 768] @ [768 x 3072] -> matmul_2_out */
             #pragma omp for schedule(dynamic, 1) nowait
-            for (int64_t t = 0; t < 6; ++t) {
-                const int64_t b = t / 6;
-                const int64_t m0 = (t / 6) % 1 * 128;
-                const int64_t n0 = t % 6 * 512;
+            for (int64_t t = 0; t < 8; ++t) {
+                const int64_t b = t / 8;
+                const int64_t m0 = (t / 8) % 1 * 128;
+                const int64_t n0 = t % 8 * 384;
                 const int mlen = (int)(128 - m0 < 128 ? 128 - m0 : 128);
-                const int nlen = (int)(3072 - n0 < 512 ? 3072 - n0 : 512);
+                const int nlen = (int)(3072 - n0 < 384 ? 3072 - n0 : 384);
                 (void)b;
                 float* restrict c = tile;
-                af_sgemm(CblasNoTrans, CblasNoTrans, mlen, nlen, 768, 1.0f,
-                         t_hidden + (m0 * 768), 768, t_const_1 + n0, 3072, 0.0f, c, 512);
+                af_sgemm_packed(mlen, nlen, 768, 1.0f, t_hidden + (m0 * 768), 768, 1,
+                                t_d_matmul_2_packed + n0 * 768, c, 384);
                 {
                     const int64_t lo = 0, hi = nlen;
                     for (int64_t mi = 0; mi < mlen; ++mi) {
@@ -30,7 +30,7 @@ AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const
                         const int64_t i1 = r;
                         for (int64_t ni = lo; ni < hi; ++ni) {
                             const int64_t i2 = n0 + ni;
-                            const float v9 = c[mi * 512 + ni];
+                            const float v9 = c[mi * 384 + ni];
                             const float v10 = t_const_3[i2];
                             const float v11 = v9 + v10;
                             const float v12 = v11 * 0.5f;
