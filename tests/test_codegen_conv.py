@@ -38,9 +38,33 @@ def test_conv_batchnorm_relu_residual() -> None:
               b.const(np.abs(f32(16)) + 0.5))
     g = b.build([b.op("Add", b.op("Relu", bn), skip)])
     code = check(g, {"x": f32(2, 8, 10, 10), "skip": f32(2, 16, 5, 5)})
-    assert "im2col" in code and "scipy_cblas_sgemm" in code
+    assert "im2col" in code and "af_sgemm_packed(" in code  # constant weights: packed, tiles transposed
     assert "for (int64_t o = 0;" not in code  # the whole epilogue runs on the tiles
-    assert "folded_weights" in code and "folded_bias" in code  # BatchNormalization folded at build time
+    assert "_packed" in code and "folded_bias" in code  # BatchNormalization folded at build time
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_with_weights_from_an_input_calls_openblas(bias: bool) -> None:
+    """Weights that are not constants cannot be packed at build time: OpenBLAS's sgemm, tile not
+    transposed; the convolution alone is the output (written straight by sgemm without a bias)."""
+    b = GraphBuilder("conv_input_w")
+    x, w = b.input("x", (1, 3, 8, 8)), b.input("w", (5, 3, 3, 3))
+    args = [x, w] + ([b.const(f32(5))] if bias else [])
+    g = b.build([b.op("Conv", *args, pads=(1, 1, 1, 1))])
+    code = check(g, {"x": f32(1, 3, 8, 8), "w": f32(5, 3, 3, 3)})
+    assert "scipy_cblas_sgemm" in code and "af_sgemm_packed(" not in code
+
+
+@pytest.mark.parametrize("channels,group", [(300, 1), (100, 1), (96, 3), (600, 2)])
+def test_packed_conv_channel_blocks_and_groups(channels: int, group: int) -> None:
+    """Channel blocks that start on 32-column panels (300 channels: blocks of 256 and 44; 600 in two
+    groups), groups whose channels are not a whole panel (96 / 3 = 32, 100), the convolution alone
+    as the output (every tile transposed back)."""
+    b = GraphBuilder("conv_wide")
+    x = b.input("x", (1, 2 * group, 6, 6))
+    g = b.build([b.op("Conv", x, b.const(f32(channels, 2, 3, 3)), group=group, pads=(1, 1, 1, 1))])
+    code = check(g, {"x": f32(1, 2 * group, 6, 6)})
+    assert "af_sgemm_packed(" in code
 
 
 @pytest.mark.parametrize("attrs,x_shape,w_shape", [

@@ -1,9 +1,12 @@
-"""Conv with a fused epilogue (``conv_epilogue``): im2col + sgemm per image and group, epilogue per tile.
+"""Conv with a fused epilogue (``conv_epilogue``): im2col + a matrix product per image and group,
+epilogue per tile.
 
 For each image and group the input is unfolded into a [C/g * taps, out positions] matrix (skipped
 for 1x1 kernels with stride 1 and no padding), then output tiles of [channels x whole output rows]
-are computed by sgemm in parallel and, while each tile is in cache, the epilogue (bias, folded
-BatchNormalization, Relu/Clip, residual Add, ...) runs on it. 1-D and 3-D convolutions use the same
+are computed in parallel and, while each tile is in cache, the epilogue (bias, folded
+BatchNormalization, Relu/Clip, residual Add, ...) runs on it. Constant weights are packed at build
+time and the tile is computed transposed, [positions x channels] = cols^T @ W^T, by
+``af_sgemm_packed``; other weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same
 code with unit leading spatial axes.
 """
 
@@ -15,6 +18,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from autofusion.codegen import index as ix
+from autofusion.codegen.gemm import PACK_NR, pack_weights
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel import KernelContext
@@ -113,15 +117,21 @@ class _Conv:
         im2col = not (taps == 1 and (sd, sh, sw) == (1, 1, 1) and (pd, ph, pw) == (0, 0, 0) and
                       tuple(win.pad_end) == (0,) * spatial)
         x_ptr = self._buffer(x_t)
-        w_ptr = self._buffer(w_t)
         bias: Bias | None = None
         if bias_t:
             bias = lambda ch, inl, block: inl.value(bias_t, (ch,), block)  # noqa: E731
         bn = None if only_into else self._foldable_batchnorm(y, bias_t)
+        weight = g.const_value(w_t)
         if bn is not None:  # BatchNormalization folded into the weights and bias at build time
-            w_ptr, bias = self._fold(bn, w_t, bias_t)
+            weight, bias = self._fold(bn, w_t, bias_t)
             self.non_core = self.non_core - {bn.name}
             y = bn.outputs[0]
+        packed = weight is not None and weight.dtype == np.float32
+        if packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
+            w_ptr = k.derived_constant(f"{core.name}_packed", np.concatenate(
+                [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), groups)]))
+        else:
+            w_ptr = self._buffer(w_t)
         self.y = y
         ys = g.types[y].shape
 
@@ -138,13 +148,13 @@ class _Conv:
         ybuf = ""
         if only_into:
             ybuf = only_into
-            if bias is not None:
+            if bias is not None or packed:
                 aligned.append((y, ybuf))
         elif y in outputs:
             ybuf = k.pointer(y)
         elif late:
             ybuf = f"((float*)(scratch + {k.scratch(g.types[y].nbytes)}))"
-            if bias is not None:
+            if bias is not None or packed:
                 aligned.insert(0, (y, ybuf))
         if early:
             self.prologue.append(self._nest().render(early))
@@ -154,18 +164,23 @@ class _Conv:
         tasks = n_img * groups * -(-p // pb)
         while tasks * -(-mg // mb) < MIN_TASKS and mb > MIN_TILE_M:
             mb = max(MIN_TILE_M, mb // 2)  # more channel blocks (each redoes its im2col block: cheap)
+        if packed and mb < mg:  # channel blocks start on panel boundaries
+            mb = -(-mb // PACK_NR) * PACK_NR
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
-        if ybuf:
+        if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
+            assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
+            c_ptr, ldc = "tile", mb
+        elif ybuf:
             c_ptr, ldc = f"{ybuf} + (n * {m} + gi * {mg} + m0) * {p} + p0", p
         else:
             c_ptr, ldc = "tile", pb
 
         inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl)
+        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl, transposed=packed)
         body = Block()
         idx = self._y_index()
         for t, dest in aligned:
-            if t == y and bias is None and dest == ybuf:
+            if t == y and bias is None and dest == ybuf and not packed:
                 continue
             v = inl.value(t, idx, body)
             body.emit(f"{dest}[{ix.linear(idx, ys)}] = {v};")
@@ -183,7 +198,8 @@ class _Conv:
             comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if im2col else 'no'}; epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, parallel=flops >= PARALLEL_MIN_FLOPS,
-            tile_floats=0 if ybuf else mb * pb, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
+            tile_floats=mb * pb if packed or not ybuf else 0, packed=packed,
+            w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
             cg=cg, in_size=ind * inh * inw, im2col=im2col, kc=kc, taps=taps, kd=kd, kh=kh,
             kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
             pd=pd, ph=ph, pw=pw, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
@@ -203,8 +219,9 @@ class _Conv:
             return None
         return bn
 
-    def _fold(self, bn: Node, w_t: str, bias_t: str) -> tuple[str, Bias]:
-        """Weights W * inv and bias (b - mean) * inv + beta, inv = scale / sqrt(var + eps), as constants."""
+    def _fold(self, bn: Node, w_t: str, bias_t: str) -> tuple[np.ndarray, Bias]:
+        """Weights W * inv (packed by the caller) and bias (b - mean) * inv + beta, a constant, where
+        inv = scale / sqrt(var + eps)."""
         g = self.g
         scale, beta, mean, var = (np.asarray(g.const_value(t), np.float32) for t in bn.inputs[1:5])
         with np.errstate(all="ignore"):
@@ -213,21 +230,21 @@ class _Conv:
         b = np.asarray(g.const_value(bias_t), np.float32) if bias_t else np.zeros(w.shape[0], np.float32)
         w_fold = (w * inv.reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
         b_fold = ((b - mean) * inv + beta).astype(np.float32)
-        w_ptr = self.k.derived_constant(f"{bn.name}_folded_weights", w_fold)
         b_ptr = self.k.derived_constant(f"{bn.name}_folded_bias", b_fold)
-        return w_ptr, lambda ch, inl, block: f"{b_ptr}[{ch}]"
+        return w_fold, lambda ch, inl, block: f"{b_ptr}[{ch}]"
 
     def _y_index(self) -> Index:
         ys = self.g.types[self.y].shape
         return tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(ys))
 
-    def _tile_override(self, ldc: int, ow: int, bias: Bias | None, inl: Inliner) -> Override:
+    def _tile_override(self, ldc: int, ow: int, bias: Bias | None, inl: Inliner, transposed: bool = False
+                       ) -> Override:
         expected = self._y_index()
 
         def override(idx: Index, block: Block) -> str:
             if tuple(idx) != expected:
                 raise Misaligned(self.core.name)
-            expr = f"c[mi * {ldc} + q * {ow} + ow]"
+            expr = f"c[(q * {ow} + ow) * {ldc} + mi]" if transposed else f"c[mi * {ldc} + q * {ow} + ow]"
             if bias is not None:
                 expr += f" + {bias(idx[1], inl, block)}"
             return expr

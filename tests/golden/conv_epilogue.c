@@ -1,7 +1,7 @@
 /* k0_conv_add_relu: Conv -> Add -> Relu */
 /* template conv_epilogue, kind linear, 3 node(s) */
 /* rules: fuse_conv_epilogue (rules/example.fuse:7) */
-AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restrict t_const_1, const float* restrict t_const_2, const float* restrict t_skip, float* restrict t_relu_5_out, char* restrict scratch, int nt)
+AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restrict t_const_2, const float* restrict t_skip, float* restrict t_relu_5_out, const float* restrict t_d_conv_3_packed, char* restrict scratch, int nt)
 {
     (void)scratch;
     (void)nt;
@@ -56,8 +56,9 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                 const float* restrict cols = col;
                 const int ldcol = 224;
                 float* restrict c = tile;
-                scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mlen, plen, 576, 1.0f,
-                                  t_const_1 + (gi * 64 + m0) * 576, 576, cols, ldcol, 0.0f, c, 224);
+                /* the tile transposed, [positions x channels]: cols^T @ the group's packed W^T */
+                af_sgemm_packed(plen, mlen, 576, 1.0f, cols, 1, ldcol,
+                                t_d_conv_3_packed + gi * 36864 + m0 * 576, c, 64);
                 for (int64_t mi = 0; mi < mlen; ++mi) {
                     const int64_t i0 = n;
                     const int64_t i1 = gi * 64 + m0 + mi;
@@ -69,7 +70,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                         for (int64_t ow = 0; ow < 56; ++ow) {
                             const int64_t i3 = ow;
                             const float v5 = t_const_2[i1];
-                            const float v6 = c[mi * 224 + q * 56 + ow] + v5;
+                            const float v6 = c[(q * 56 + ow) * 64 + mi] + v5;
                             const float v7 = t_skip[i1 * 3136 + i2 * 56 + i3];
                             const float v8 = v6 + v7;
                             const float v9 = (v8 < 0.0f ? 0.0f : v8);
