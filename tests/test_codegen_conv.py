@@ -75,13 +75,18 @@ def test_packed_conv_channel_blocks_and_groups(channels: int, group: int) -> Non
     ({"auto_pad": "SAME_UPPER", "strides": (2, 2)}, (1, 3, 7, 7), (4, 3, 3, 3)),
     ({"group": 4}, (1, 4, 6, 6), (4, 1, 3, 3)),  # depthwise
 ])
-def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("widen", [1, 8])
+def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[int, ...], widen: int) -> None:
+    """Each geometry with few output channels per group (sgemm: panels would be mostly padding) and
+    with 8x as many (packed weights, transposed tiles)."""
+    w_shape = (w_shape[0] * widen,) + w_shape[1:]
     b = GraphBuilder("conv")
     x = b.input("x", x_shape)
     y = b.op("Conv", x, b.const(f32(*w_shape)), **attrs)
     g = b.build([b.op("Clip", y, b.const(np.float32(-2.0)), b.const(np.float32(2.0)))])
     code = check(g, {"x": f32(*x_shape)})
     assert ("/* im2col of the block" in code) == (attrs != {})
+    assert ("af_sgemm_packed(" in code) == (widen == 8)
 
 
 def test_batchnorm_is_not_folded_when_the_conv_output_is_needed() -> None:

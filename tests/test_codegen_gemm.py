@@ -151,11 +151,14 @@ def test_attention_block_with_two_matmuls_runs_staged() -> None:
 @pytest.mark.parametrize("n", [5, 64, 130, 520])
 def test_packed_products_match_on_every_row_and_column_count(m: int, n: int) -> None:
     """A constant weight runs af_sgemm_packed: blocks of up to 12 rows and every remainder, panels of
-    32 columns and a zero-padded last panel, tiles of several panels. Scaled by alpha through Gemm."""
+    32 columns and a zero-padded last panel, tiles of several panels. Scaled by alpha through Gemm.
+    A weight of fewer than 8 columns (n = 5) would be mostly padding: af_sgemm (few-row kernel up
+    to 8 rows, OpenBLAS above)."""
     b = GraphBuilder("few_rows")
     x = b.input("x", (m, 40))
     y = b.op("Relu", b.op("Gemm", x, b.const(f32(40, n)), b.const(f32(n)), alpha=0.5))
-    check(b.build([y]), {"x": f32(m, 40)})
+    code = check(b.build([y]), {"x": f32(m, 40)})
+    assert ("af_sgemm_packed(" in code) == (n >= 8) and ("af_sgemm(" in code) == (n < 8)
 
 
 @pytest.mark.parametrize("k", [511, 512, 1100])

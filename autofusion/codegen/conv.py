@@ -4,8 +4,9 @@ epilogue per tile.
 For each image and group the input is unfolded into a [C/g * taps, out positions] matrix (skipped
 for 1x1 kernels with stride 1 and no padding), then output tiles of [channels x whole output rows]
 are computed in parallel and, while each tile is in cache, the epilogue (bias, folded
-BatchNormalization, Relu/Clip, residual Add, ...) runs on it. Constant weights are packed at build
-time and the tile is computed transposed, [positions x channels] = cols^T @ W^T, by
+BatchNormalization, Relu/Clip, residual Add, ...) runs on it. Constant weights with at least
+PACKED_MIN_COLUMNS output channels per group are packed at build time and the tile is computed
+transposed, [positions x channels] = cols^T @ W^T, by
 ``af_sgemm_packed``; other weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same
 code with unit leading spatial axes.
 """
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from autofusion.codegen import index as ix
-from autofusion.codegen.gemm import PACK_NR, pack_weights
+from autofusion.codegen.gemm import PACK_NR, PACKED_MIN_COLUMNS, pack_weights
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel import KernelContext
@@ -126,7 +127,8 @@ class _Conv:
             weight, bias = self._fold(bn, w_t, bias_t)
             self.non_core = self.non_core - {bn.name}
             y = bn.outputs[0]
-        packed = weight is not None and weight.dtype == np.float32
+        # depthwise and other narrow groups stay on sgemm: their panels would be mostly padding
+        packed = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
         if packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             w_ptr = k.derived_constant(f"{core.name}_packed", np.concatenate(
                 [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), groups)]))

@@ -1,11 +1,12 @@
 """MatMul / Gemm with a fused epilogue (``gemm_epilogue``) and several projections of one input
 (``horizontal_gemm``).
 
-The core computes tiles of the output, tiles in parallel: products with a constant 2-D weight run
-``af_sgemm_packed`` on the weight packed once at build time into column panels (``pack_weights``),
-other products call OpenBLAS's ``sgemm`` (``scipy_cblas_sgemm``) on one thread per tile. Right after
-a tile's product, while it is in cache, the epilogue (bias, activation, residual, scaling, ...) runs
-on that tile and writes the group's outputs. Operands that are transposed or reshaped views of a buffer are passed to BLAS through
+The core computes tiles of the output, tiles in parallel: products with a constant 2-D weight (of
+at least PACKED_MIN_COLUMNS columns) run ``af_sgemm_packed`` on the weight packed once at build time
+into column panels (``pack_weights``), other products call ``af_sgemm`` (OpenBLAS's ``sgemm``, or
+its own few-row kernel) on one thread per tile. Right after a tile's product, while it is in cache,
+the epilogue (bias, activation, residual, scaling, ...) runs on that tile and writes the group's
+outputs. Operands that are transposed or reshaped views of a buffer are passed through
 strides (no copy); other operands are computed into scratch first. Outputs that do not line up
 with the tiles (a transpose after the MatMul, a reduction over it) are computed after the
 tiles from the full product.
@@ -42,6 +43,7 @@ MIN_TILES = 4
 PARALLEL_MIN_FLOPS = 1 << 19  # smaller products run on one thread
 PACK_NR = 32  # columns per panel of a packed weight: AF_PACK_NR in templates/c/af_sgemm.c.j2
 PACKED_MIN_TILES = 8  # packed products read no packed copy per tile: smaller tiles cost little
+PACKED_MIN_COLUMNS = 8  # narrower weights would be mostly zero padding in a 32-column panel
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -187,9 +189,9 @@ class _Gemm:
         seg = _Segment(node, node.outputs[0], a, b, alpha, c_input, beta, drop_m, drop_n)
         seg.batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
         self._fold_batch(seg)
-        if not drop_n:
-            seg.weight = _constant_weight(self.k, node)
-            seg.weight_label = f"{node.name}_packed"
+        weight = None if drop_n else _constant_weight(self.k, node)
+        if weight is not None and weight.shape[1] >= PACKED_MIN_COLUMNS:
+            seg.weight, seg.weight_label = weight, f"{node.name}_packed"
         for which, tensor in (("a", a_t), ("b", b_t)):
             if self._layout(seg, which) is None:  # strides BLAS cannot take: copy the operand first
                 setattr(seg, which, self._oriented(node, self._scratch_copy(tensor), which))
@@ -412,10 +414,11 @@ class _Gemm:
                 row_lines.append(f"const int64_t i{m_dim} = m0 + mi;")
         a_ptr = f"{seg.a.ptr} + {ix.paren(ix.add(a_terms, ix.mul('m0', seg.row_stride_a)))}"
         b_ptr = f"{seg.b.ptr} + {ix.paren(ix.add(b_terms, ix.mul('n0', seg.b.strides[-1])))}"
-        packed = seg.weight is not None
-        if seg.weight is not None:  # tiles start on panel boundaries: column n0 of the packed weight is at n0 * K
+        weight = seg.weight
+        packed = weight is not None
+        if weight is not None:  # tiles start on panel boundaries: column n0 of the packed weight is at n0 * K
             assert tiles_n == 1 or nb % PACK_NR == 0, (n, nb)
-            b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(seg.weight))} + {ix.mul('n0', kk)}"
+            b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(weight))} + {ix.mul('n0', kk)}"
         if seg.ybuf:
             c_ptr, ldc = f"{seg.ybuf} + {ix.paren(ix.add(y_batch, ix.add(ix.mul('m0', n), 'n0')))}", n
         else:
