@@ -114,3 +114,57 @@ def test_large_conv_runs_tiles_in_parallel() -> None:
     g = b.build([b.op("Relu", b.op("Conv", x, b.const(f32(32, 16, 3, 3)), pads=(1, 1, 1, 1)))])
     code = check(g, {"x": f32(1, 16, 32, 32)})
     assert "#pragma omp parallel num_threads(nt)" in code
+
+
+@pytest.mark.parametrize("pool_op,pool_attrs", [
+    ("MaxPool", {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),  # ResNet's stem
+    ("MaxPool", {"kernel_shape": (2, 2), "strides": (2, 2)}),  # windows that do not overlap
+    ("MaxPool", {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}),
+    ("MaxPool", {"kernel_shape": (3, 3), "strides": (2, 2), "dilations": (2, 2), "pads": (2, 2, 2, 2)}),
+    ("AveragePool", {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}),  # stride 1: every row in three windows
+    ("AveragePool", {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1), "count_include_pad": 1}),
+])
+@pytest.mark.parametrize("channels,x_shape", [(5, (2, 3, 17, 19)), (40, (1, 4, 15, 15)), (300, (1, 8, 24, 24))])
+def test_conv_with_a_pooling_epilogue(pool_op: str, pool_attrs: dict, channels: int, x_shape: tuple[int, ...]) -> None:
+    """Conv -> Relu -> pooling in one kernel: tasks are blocks of pooled rows, each computing the
+    convolution rows its windows reach (overlapping blocks), sgemm (5 channels) and packed weights
+    (40, and 300 in two channel blocks); the convolution's output is never stored."""
+    b = GraphBuilder("conv_pool")
+    x = b.input("x", x_shape)
+    c = b.op("Conv", x, b.const(f32(channels, x_shape[1], 3, 3)), b.const(f32(channels)), pads=(1, 1, 1, 1))
+    g = b.build([b.op(pool_op, b.op("Relu", c), **pool_attrs)])
+    code = check(g, {"x": f32(*x_shape)})
+    assert "the pooled values of the block" in code and "pin[" in code
+    assert "scratch +" not in code  # nothing the size of the convolution's output
+
+
+def test_conv_pooling_falls_back_when_the_convolution_is_also_an_output() -> None:
+    """When the activation before the pooling op is an output too, the whole convolution is stored
+    and pooled after it (still one kernel, still matching)."""
+    b = GraphBuilder("conv_pool_both")
+    x = b.input("x", (1, 3, 12, 12))
+    r = b.op("Relu", b.op("Conv", x, b.const(f32(16, 3, 3, 3)), pads=(1, 1, 1, 1)))
+    g = b.build([b.op("MaxPool", r, kernel_shape=(2, 2), strides=(2, 2)), r])
+    code = check(g, {"x": f32(1, 3, 12, 12)})
+    assert "the pooled values of the block" not in code
+
+
+def test_decider_ends_the_stems_convolution_with_its_maxpool() -> None:
+    """The rule library and the decider put ResNet's Conv -> Relu -> MaxPool in one kernel; the
+    plan's peak activation memory is then under half the unfused plan's."""
+    from autofusion.api import optimize
+    from autofusion.codegen.superkernel import render_plan
+    from autofusion.decide import unfused_plan
+    from autofusion.models import build, random_inputs
+
+    graph = build("resnet-tiny")
+    plan = optimize(graph)
+    stem = plan.groups[0]
+    assert stem.template == "conv_epilogue"
+    assert sorted(plan.graph.node_by_name[n].op for n in stem.nodes) == ["Conv", "MaxPool", "Relu"]
+    fused, unfused = render_plan(plan).buffers, render_plan(unfused_plan(graph)).buffers
+    assert fused is not None and unfused is not None
+    assert fused.peak_bytes <= unfused.peak_bytes / 2
+    feeds = random_inputs(graph, seed=3)
+    report = compare_outputs(run_graph(graph, feeds), CompiledModel(plan, cache=CACHE).run(feeds))
+    assert report.ok, report.summary()

@@ -230,3 +230,27 @@ def test_greedy_restarts_recover_what_a_myopic_first_merge_shuts_out(monkeypatch
     regions = region_costs(random_graph(1, ops=32), strategies=("greedy0", "greedy", "exact"))
     assert summarise(regions, "greedy0").max_percent > 2.0
     assert summarise(regions, "greedy").max_percent == 0.0
+
+
+def test_a_pooling_op_may_end_a_convolutions_kernel_only_after_it() -> None:
+    """Conv -> Relu -> MaxPool renders as conv_epilogue; a pooling op before the convolution (a
+    prologue) or two pooling ops are refused."""
+    rng = np.random.default_rng(1)
+    b = GraphBuilder("pools")
+    x = b.input("x", (1, 3, 16, 16), DType.FLOAT32)
+    p0 = b.op("MaxPool", x, kernel_shape=(2, 2), strides=(2, 2))
+    c = b.op("Conv", p0, b.const(rng.standard_normal((8, 3, 3, 3)).astype(np.float32)), pads=(1, 1, 1, 1))
+    r = b.op("Relu", c)
+    p1 = b.op("MaxPool", r, kernel_shape=(2, 2), strides=(2, 2))
+    g = b.build([b.op("AveragePool", p1, kernel_shape=(2, 2))])
+    edges = {}
+    for node in g.nodes:
+        for o in node.outputs:
+            for consumer in g.consumers.get(o, ()):
+                edges[(node.name, consumer.name)] = (Permission(RULE),)
+    checker = GroupChecker(FusionSpace(g, FrozenMap(edges)))
+    pool0, conv, relu, pool1, pool2 = (n.name for n in g.nodes)
+    assert checker.check([conv, relu, pool1]).template == "conv_epilogue"
+    before = checker.check([pool0, conv, relu])
+    assert not before.ok and before.reason is UnfusedReason.TEMPLATE
+    assert not checker.check([conv, relu, pool1, pool2]).ok

@@ -9,10 +9,16 @@ PACKED_MIN_COLUMNS output channels per group are packed at build time and the ti
 transposed, [positions x channels] = cols^T @ W^T, by
 ``af_sgemm_packed``; other weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same
 code with unit leading spatial axes.
+
+A pooling op (MaxPool, AveragePool) after the convolution and its activation can be part of the
+group: tasks are then blocks of pooled output rows, each computing the convolution rows its windows
+reach (a block's first row repeats the previous block's last when windows overlap), and the pooled
+values are the epilogue. The convolution's output, the largest tensor of a ResNet, is never stored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 
@@ -39,6 +45,10 @@ TILE_P = 256
 MIN_TILE_M = 64
 MIN_TASKS = 4
 PARALLEL_MIN_FLOPS = 1 << 19
+# With a pooling epilogue, tasks of about 512 convolution output positions: rows shared by two
+# blocks' windows are computed twice, so blocks are larger than without pooling.
+POOL_TILE_P = 512
+POOL_OPS = frozenset({"MaxPool", "AveragePool"})
 
 
 # the bias of output channel ``ch``: a C expression (from a tensor, or folded at build time)
@@ -138,6 +148,14 @@ class _Conv:
         ys = g.types[y].shape
 
         outputs = [] if only_into else list(k.group.outputs)
+        pool = None if only_into else self._pooling(y, outputs)
+        if pool is not None:
+            with contextlib.suppress(Misaligned):  # the pooling op's input is not elementwise in the tile: below
+                return self._render_pooled(pool, y, bias, packed, w_ptr, x_ptr, outputs, dict(
+                    n_img=n_img, groups=groups, mg=mg, m=m, kc=kc, im2col=im2col, channels=channels, cg=cg,
+                    in_size=ind * inh * inw, taps=taps, kd=kd, kh=kh, kw=kw, p=p, id=ind, ih=inh, iw=inw,
+                    od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw, pd=pd, ph=ph, pw=pw,
+                    xs=xs, ws=ws))
         aligned, late, early = [], [], []
         for t in outputs:
             dest = k.pointer(t)
@@ -205,7 +223,91 @@ class _Conv:
             cg=cg, in_size=ind * inh * inw, im2col=im2col, kc=kc, taps=taps, kd=kd, kh=kh,
             kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
             pd=pd, ph=ph, pw=pw, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
-            w_ptr=w_ptr, body=body.lines, row_lines=row_lines, col_lines=col_lines)
+            w_ptr=w_ptr, body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None)
+
+    def _pooling(self, y: str, outputs: list[str]) -> Node | None:
+        """The pooling op of the group whose windows the tiles can feed: 2-D, over the convolution
+        (through pointwise ops only), with every group output computed from its output."""
+        g = self.g
+        pools = [g.node_by_name[n] for n in self.non_core if g.node_by_name[n].op in POOL_OPS]
+        if len(pools) != 1 or len(g.types[y].shape) != 4:
+            return None
+        pool = pools[0]
+        indices = [o for o in pool.outputs[1:] if o and (o in outputs or g.consumers.get(o))]
+        if indices or not pool.outputs[0] or not self._depends_on_core(pool.inputs[0], {}):
+            return None
+        shape = g.types[pool.outputs[0]].shape
+        if any(g.types[t].shape != shape or not self._after(t, pool.outputs[0]) for t in outputs):
+            return None
+        return pool
+
+    def _after(self, tensor: str, source: str) -> bool:
+        """Whether ``tensor`` is ``source`` or computed from it inside the group."""
+        if tensor == source:
+            return True
+        node = self.g.producers.get(tensor)
+        return node is not None and node.name in self.non_core and any(
+            self._after(t, source) for t in node.inputs if t)
+
+    def _render_pooled(self, pool: Node, y: str, bias: Bias | None, packed: bool, w_ptr: str, x_ptr: str,
+                       outputs: list[str], geo: dict) -> str:  # type: ignore[type-arg]
+        """The kernel when a pooling op follows: tasks are blocks of pooled rows (see the module doc)."""
+        k, g = self.k, self.g
+        ys, ps = g.types[y].shape, g.types[pool.outputs[0]].shape
+        pw_ = window(ys[2:], ints(pool.attr("kernel_shape")), pool.attrs.get, bool(pool.attr("ceil_mode", 0)))
+        oh, ow = ys[2], ys[3]
+        stride, pad, reach = pw_.strides[0], pw_.pad_begin[0], (pw_.kernel[0] - 1) * pw_.dilations[0] + 1
+        poh = ps[2]
+        prb = max(1, min(poh, POOL_TILE_P // max(1, ow * stride)))
+        mg, n_img, groups = geo["mg"], geo["n_img"], geo["groups"]
+        while prb > 1 and n_img * groups * -(-poh // prb) < MIN_TASKS:
+            prb = -(-prb // 2)  # enough blocks for every thread
+        rows = min(oh, (prb - 1) * stride + reach)  # convolution rows a block of prb pooled rows reaches
+        pb = rows * ow
+        mb = max(1, min(mg, TILE_M))
+        tasks = n_img * groups * -(-poh // prb)
+        while tasks * -(-mg // mb) < MIN_TASKS and mb > MIN_TILE_M:
+            mb = max(MIN_TILE_M, mb // 2)
+        if packed and mb < mg:
+            mb = -(-mb // PACK_NR) * PACK_NR
+        tiles_m = -(-mg // mb)
+        ldc = mb if packed else pb
+        # pass 1, per tile element: the pooling op's input (bias, activation...) into pin, [channel x position]
+        pool_in = pool.inputs[0]
+        inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
+        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl, transposed=packed)
+        prepass = Block()
+        prepass.emit(f"pin[mi * {pb} + q * {ow} + ow] = {inl.value(pool_in, self._y_index(), prepass)};")
+        # pass 2, per pooled element: the window over pin (and whatever follows the pooling op)
+        expected = self._y_index()[:2]
+
+        def rows_of_pin(idx: Index, block: Block) -> str:
+            if tuple(idx[:2]) != expected:
+                raise Misaligned(self.core.name)
+            return f"pin[mi * {pb} + (({idx[2]}) - crow0) * {ow} + ({idx[3]})]"
+
+        inl = Inliner(k, self.non_core, self.handlers, overrides={**self.loads, pool_in: rows_of_pin})
+        body = Block()
+        idx: Index = tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(ps))
+        for t in outputs:
+            body.emit(f"{k.pointer(t)}[{ix.linear(idx, ps)}] = {inl.value(t, idx, body)};")
+        ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
+        xs, ws = geo["xs"], geo["ws"]
+        flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
+        return k.templates.render(
+            "conv_epilogue.c.j2",
+            comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
+                                   f"im2col {'yes' if geo['im2col'] else 'no'}; epilogue per tile: {ops} "
+                                   f"-> {list(ps)}, {prb} pooled rows per task"),
+            prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS,
+            tile_floats=mb * pb, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
+            batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile", ldc=ldc,
+            w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
+            col_lines=["const int64_t i3 = ow;", "(void)i3;"],
+            pool=dict(rows=prb, out_rows=poh, out_cols=ps[3], stride=stride, pad=pad, reach=reach, body=body.lines),
+            **{key: geo[key] for key in ("groups", "mg", "kc", "im2col", "channels", "cg", "in_size", "taps",
+                                         "kd", "kh", "kw", "p", "id", "ih", "iw", "od", "oh", "ow", "sd",
+                                         "sh", "sw", "dd", "dh", "dw", "pd", "ph", "pw")})
 
     def _foldable_batchnorm(self, y: str, bias_t: str) -> Node | None:
         """The BatchNormalization that alone consumes the convolution, with every parameter constant."""

@@ -13,6 +13,7 @@ from autofusion.ops.registry import OpClass, OpRegistry, default_registry
 
 GEMM_OPS = frozenset({"MatMul", "Gemm"})
 CONV_OPS = frozenset({"Conv"})
+POOL_OPS = frozenset({"MaxPool", "AveragePool"})  # a convolution's epilogue may end in one
 DEFAULT_SIZE_CAP = 48
 
 
@@ -91,6 +92,12 @@ class GroupChecker:
         if reductions:
             return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="an opaque core and a reduction")
         ops = {g.node_by_name[n].op for n in opaque}
+        pools = [n for n in opaque if g.node_by_name[n].op in POOL_OPS]
+        if len(opaque) == 2 and len(pools) == 1 and ops - POOL_OPS <= CONV_OPS:
+            conv = next(n for n in opaque if n not in pools)
+            if not self._feeds_each_other([conv, pools[0]], nodes):  # (a pool before the conv: a prologue, below)
+                return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="a pooling op apart from the convolution")
+            opaque, ops = [conv], ops - POOL_OPS  # the pooling op is the end of the convolution's epilogue
         if len(opaque) > 1:
             first_inputs = {g.node_by_name[n].inputs[0] for n in opaque}
             if ops <= GEMM_OPS and len(first_inputs) == 1 and not self._feeds_each_other(opaque, nodes):
