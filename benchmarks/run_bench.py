@@ -1,6 +1,6 @@
 """Run ``autofusion bench`` on the benchmark models, one process each, saving the JSON results.
 
-    python benchmarks/run_bench.py                          # all cases, 20 timed runs after 3 warm-up
+    python benchmarks/run_bench.py                          # all cases, 3 rounds x 10 timed runs after 3 warm-up
     python benchmarks/run_bench.py --cases bert-base:8 resnet18 --repeat 5
 
 Each case writes ``benchmarks/results/bench_<model>[_seq<N>].json``: the command's JSON object,
@@ -25,10 +25,10 @@ def result_path(case: str, out_dir: Path) -> Path:
     return out_dir / (f"bench_{model}" + (f"_seq{seq}" if seq else "") + ".json")
 
 
-def run_case(case: str, repeat: int, warmup: int, out_dir: Path, extra: list[str]) -> int:
+def run_case(case: str, repeat: int, warmup: int, out_dir: Path, extra: list[str], rounds: int = 1) -> int:
     model, _, seq = case.partition(":")
     cmd = [sys.executable, "-m", "autofusion.cli.main", "bench", model, "--json", "--repeat", str(repeat),
-           "--warmup", str(warmup), *(["--seq", seq] if seq else []), *extra]
+           "--rounds", str(rounds), "--warmup", str(warmup), *(["--seq", seq] if seq else []), *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     print(f"$ {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -51,7 +51,8 @@ def run_case(case: str, repeat: int, warmup: int, out_dir: Path, extra: list[str
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="*", default=list(CASES), help="MODEL or MODEL:SEQ (default: all)")
-    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3, help="see autofusion bench --rounds")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more options for autofusion bench")
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = [a for a in args.extra if a != "--"]
     worst = 0
     for case in args.cases:
-        worst = max(worst, run_case(case, args.repeat, args.warmup, Path(args.out_dir), extra))
+        worst = max(worst, run_case(case, args.repeat, args.warmup, Path(args.out_dir), extra, args.rounds))
     return worst
 
 

@@ -235,6 +235,36 @@ def test_harness_flags_wrong_outputs_and_failed_runners(tiny_setup: BenchSetup) 
     assert _verdict(data) == 1
 
 
+def test_rounds_alternate_the_order_and_pool_every_run(tiny_setup: BenchSetup) -> None:
+    """With rounds, the sequence runs again in reverse order every other round, and each runner's
+    median is over all its timed runs; a round that goes wrong makes the runner wrong."""
+    order: list[str] = []
+    calls = {"late_mismatch": 0}
+
+    def logged(name: str):  # type: ignore[no-untyped-def]
+        def factory(setup: BenchSetup) -> Runner:
+            order.append(name)
+            return Runner(name, lambda: run_graph(setup.graph, setup.feeds), None, "n/a", 0.0, "tracemalloc")
+        return factory
+
+    def late_mismatch(setup: BenchSetup) -> Runner:
+        calls["late_mismatch"] += 1
+        shift = 0.5 if calls["late_mismatch"] == 3 else 0.0  # only the third round is wrong
+
+        def call() -> dict[str, np.ndarray]:
+            return {k: v + shift for k, v in run_graph(setup.graph, setup.feeds).items()}
+        return Runner("late_mismatch", call, None, "n/a", 0.0, "tracemalloc")
+
+    result = run_bench(tiny_setup, ["a", "b", "late_mismatch"], repeat=2, warmup=0, pause=0, rounds=3,
+                       factories={"a": logged("a"), "b": logged("b"), "late_mismatch": late_mismatch})
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    a = result.get("a")
+    assert a is not None and len(a.times_ms) == 6 and len(a.extra["round_medians_ms"]) == 3
+    assert a.median_ms == pytest.approx(float(np.median(a.times_ms)))
+    assert result.mismatches == ["late_mismatch"]
+    assert to_json(result, {})["rounds"] == 3
+
+
 def test_missing_packages_skip_with_the_reason(tiny_setup: BenchSetup, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails as if it were not installed
     monkeypatch.setitem(sys.modules, "onnxruntime", None)

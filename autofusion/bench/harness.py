@@ -99,6 +99,7 @@ class BenchResult:
     load_before: list[float] | None
     load_after: list[float] | None
     seconds: float
+    rounds: int = 1
 
     def get(self, name: str) -> RunnerResult | None:
         return next((r for r in self.runners if r.name == name), None)
@@ -163,44 +164,71 @@ def measure(name: str, setup: BenchSetup, reference: Outputs, repeat: int, warmu
 def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup: int = 2,
               progress: Progress | None = None, rtol: float = RTOL, atol: float = ATOL,
               pause: float = PAUSE_SECONDS, factories: Mapping[str, RunnerFactory] | None = None,
-              isolate: bool = False) -> BenchResult:
+              isolate: bool = False, rounds: int = 1) -> BenchResult:
     """Measure the runners ``names`` one after another on ``setup``: ``repeat`` timed runs after
     ``warmup``, with ``pause`` seconds of rest before each. ``factories`` adds or replaces runners
     (in this process only). With ``isolate`` each runner runs in a fresh worker process, so no other
-    runtime's thread pools or background work share the machine with it."""
+    runtime's thread pools or background work share the machine with it. With ``rounds`` > 1 the
+    whole sequence runs again, in reverse order every other round, and each runner's timed runs are
+    pooled: on a shared machine whose speed drifts over minutes, every runner then samples the same
+    stretches of time instead of only its own."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     progress = progress or NoProgress()
     started = time.perf_counter()
     limits = limit_threads(setup.threads)
     fix_malloc_threshold()
     load_before = load_average()
-    progress.start(len(names) * (3 + warmup + repeat) + 1)
+    progress.start(rounds * len(names) * (3 + warmup + repeat) + 1)
     progress.step("reference outputs")
     from autofusion.ir.interpreter import run_graph
 
     reference = run_graph(setup.graph, setup.feeds, setup.registry)
-    measured: list[Measured] = []
+    by_name: dict[str, list[Measured]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="autofusion-bench-") as tmp:
         job = Path(tmp) / "job.pkl"
         if isolate:
             from autofusion.bench.worker import write_job
 
             write_job(job, setup, reference, repeat, warmup, rtol, atol)
-        for name in names:
-            time.sleep(pause)  # the previous runner's thread pools stop spinning before this one starts
-            if isolate:
-                from autofusion.bench.worker import measure_in_worker
+        for round_ in range(rounds):
+            for name in (names if round_ % 2 == 0 else list(reversed(names))):
+                time.sleep(pause)  # the previous runner's thread pools stop spinning before this one starts
+                if isolate:
+                    from autofusion.bench.worker import measure_in_worker
 
-                progress.step(f"{name} (in its own process)")
-                measured.append(measure_in_worker(job, name))
-            else:
-                measured.append(measure(name, setup, reference, repeat, warmup, rtol, atol, factories,
-                                        progress.step))
+                    progress.step(f"{name} (in its own process)")
+                    by_name[name].append(measure_in_worker(job, name))
+                else:
+                    by_name[name].append(measure(name, setup, reference, repeat, warmup, rtol, atol, factories,
+                                                 progress.step))
+    measured = [pooled_rounds(by_name[name]) for name in names]
     results = _with_outside_opaque([m.result for m in measured if m.result is not None],
                                    {m.name: m.op_times for m in measured if m.op_times is not None},
                                    {m.name: m.step_times for m in measured if m.step_times is not None})
     return BenchResult(tuple(results), {m.name: m.skipped for m in measured if m.skipped is not None},
                        {m.name: m.failed for m in measured if m.failed is not None}, repeat, warmup, setup.threads,
-                       rtol, atol, tuple(limits), load_before, load_average(), time.perf_counter() - started)
+                       rtol, atol, tuple(limits), load_before, load_average(), time.perf_counter() - started,
+                       rounds)
+
+
+def pooled_rounds(rounds: Sequence[Measured]) -> Measured:
+    """One runner's rounds as one measurement: every timed run pooled (median over all), the worst
+    error; the first round's memory, kernels and per-kernel times. A round that failed or was
+    skipped makes the runner failed or skipped."""
+    for m in rounds:
+        if m.failed is not None or m.skipped is not None:
+            return m
+    first = rounds[0]
+    if len(rounds) == 1 or first.result is None:
+        return first
+    results = [m.result for m in rounds if m.result is not None]
+    times = tuple(t for r in results for t in r.times_ms)
+    worst = next((r for r in results if not r.outputs_ok), max(results, key=lambda r: r.max_abs_error))
+    pooled = replace(first.result, median_ms=statistics.median(times), times_ms=times,
+                     max_abs_error=worst.max_abs_error, outputs_ok=worst.outputs_ok, check=worst.check,
+                     extra={**first.result.extra, "round_medians_ms": [r.median_ms for r in results]})
+    return replace(first, result=pooled)
 
 
 def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:

@@ -81,6 +81,7 @@ def to_json(result: BenchResult, meta: Mapping[str, Any]) -> dict[str, Any]:
         **meta,
         "threads": result.threads,
         "repeat": result.repeat,
+        "rounds": result.rounds,
         "warmup": result.warmup,
         "runners": {r.name: runner_json(r) for r in sorted(result.runners, key=_order)},
         "skipped": dict(result.skipped),

@@ -24,6 +24,10 @@ def add_parser(subparsers: Any) -> None:
                     "and check every runtime's outputs against the reference.")
     add_plan_arguments(p)
     p.add_argument("--repeat", type=positive_int, default=10, metavar="N", help="timed runs per runner (default 10)")
+    p.add_argument("--rounds", type=positive_int, default=1, metavar="N",
+                   help="run the whole sequence of runners N times, every other time in reverse order, and "
+                        "pool each runner's timed runs (default 1): on a machine whose speed drifts, every "
+                        "runner then samples the same stretches of time")
     p.add_argument("--warmup", type=_non_negative, default=2, metavar="N",
                    help="untimed runs per runner before timing (default 2)")
     p.add_argument("--threads", type=positive_int, default=2, metavar="N",
@@ -95,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     with _progress() as progress:
         result = run_bench(setup, names, args.repeat, args.warmup, progress,
                            RTOL if args.rtol is None else args.rtol, ATOL if args.atol is None else args.atol,
-                           PAUSE_SECONDS if args.pause is None else args.pause, isolate=not args.in_process)
+                           PAUSE_SECONDS if args.pause is None else args.pause, isolate=not args.in_process,
+                           rounds=args.rounds)
     summary = plan_summary(plan, loaded.graph, registry)
     meta = {
         "model": loaded.source,
@@ -145,7 +150,9 @@ def _print_tables(out: Output, source: str, data: dict[str, Any]) -> None:
                      short_method(r["peak_method"]), "n/a" if r["kernels"] is None else r["kernels"],
                      f"{r['max_abs_error']:.2e}" if r["max_abs_error"] is not None else "n/a",
                      "ok" if r["outputs_ok"] else "MISMATCH"))
-    out.table(f"{source} ({sizes}): median of {data['repeat']} runs after {data['warmup']} warm-up, "
+    rounds = data.get("rounds", 1)
+    runs = f"{data['repeat']} runs" if rounds == 1 else f"{rounds} rounds x {data['repeat']} runs"
+    out.table(f"{source} ({sizes}): median of {runs} after {data['warmup']} warm-up, "
               f"{data['threads']} threads",
               ("runner", "median ms", "min ms", "fused is", "peak memory", "measured by", "kernels", "max |err|",
                "outputs"),
