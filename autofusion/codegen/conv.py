@@ -179,6 +179,7 @@ class _Conv:
         if early:
             self.prologue.append(self._nest().render(early))
         rows_per_tile = max(1, TILE_P // ow)
+        rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
         pb = min(p, ow * rows_per_tile)
         mb = max(1, min(mg, TILE_M))
         tasks = n_img * groups * -(-p // pb)
