@@ -104,9 +104,14 @@ def test_lstm_variants(attrs: dict, extra: tuple[str, ...]) -> None:
     check(unfused_plan(g), feeds)
 
 
-def test_lstm_cell_unrolled_over_time_as_one_scan_kernel() -> None:
+@pytest.mark.parametrize("cell_kernel", [True, False])
+def test_lstm_cell_unrolled_over_time_as_one_scan_kernel(cell_kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recurrent cell kernel (gates interleaved per panel, never stored) and, when it declines, the
+    generic multi-core renderer."""
     from autofusion.models import build, random_inputs
 
+    if not cell_kernel:
+        monkeypatch.setattr("autofusion.codegen.lstm_cells.render_lstm_cells", lambda k, nodes: None)
     g = build("lstm-tiny")
     head = g.nodes[-1]  # the linear head after the last step
     cells = [n.name for n in g.nodes if n.op != "Gather" and n is not head]
@@ -117,11 +122,75 @@ def test_lstm_cell_unrolled_over_time_as_one_scan_kernel() -> None:
     scan = next(grp for grp in plan.groups if grp.template == "lstm_scan")
     assert sum(g.node_by_name[n].op == "Gemm" for n in scan.nodes) == 16  # 8 steps, 2 projections each
     check(plan, random_inputs(g, seed=3))
-    # each step's projections run at that step and its values' scratch is reused once read: a few
-    # steps' worth of scratch, not eight (2,304 bytes here; 7,488 when all projections ran up front)
     from autofusion.codegen import render_plan
 
     kernel = next(k for k in render_plan(plan).kernels if k.group.template == "lstm_scan")
+    assert ("gates interleaved" in kernel.code) == cell_kernel
     step_bytes = sum(g.types[t].nbytes for n in scan.nodes if g.node_by_name[n].op == "Gemm"
                      for t in g.node_by_name[n].outputs) // 8
-    assert kernel.scratch_bytes <= 3 * step_bytes
+    if cell_kernel:  # [x_t, h] twice (double buffer) and c: 2 x (32 + 48) + 48 floats
+        assert kernel.scratch_bytes == (2 * (32 + 48) + 48) * 4
+    else:
+        # each step's projections run at that step and its values' scratch is reused once read: a few
+        # steps' worth of scratch, not eight (2,304 bytes here; 7,488 when all projections ran up front)
+        assert kernel.scratch_bytes <= 3 * step_bytes
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_lstm_cell_kernel_writes_states_read_outside(batch: int) -> None:
+    """With a middle step's hidden and cell state also graph outputs, the cell kernel writes them as
+    it goes (batch 1 and 3); and optimize() puts the plain unrolled cell in one lstm_scan group."""
+    import dataclasses
+
+    from autofusion.api import optimize
+    from autofusion.codegen import render_plan
+    from autofusion.models import build, random_inputs
+
+    g = build("lstm-tiny", batch=batch)
+    assert any(grp.template == "lstm_scan" for grp in optimize(g).groups)
+    split = [n for n in g.nodes if n.op == "Split"][3]
+    forget = g.consumers[split.outputs[1]][0]  # Sigmoid
+    c_state = g.consumers[g.consumers[forget.outputs[0]][0].outputs[0]][0].outputs[0]  # f * c + i * g
+    tanh_c = next(u for u in g.consumers[c_state] if u.op == "Tanh")
+    h_state = g.consumers[tanh_c.outputs[0]][0].outputs[0]  # o * tanh(c)
+    g = dataclasses.replace(g, outputs=(*g.outputs, h_state, c_state))
+    head = g.nodes[-1]
+    cells = [n.name for n in g.nodes if n.op != "Gather" and n is not head]
+    rest = [[n.name] for n in g.nodes if n.op == "Gather" or n is head]
+    groups = build_groups(g, [cells, *rest], template_of=lambda ns: "lstm_scan" if len(ns) > 1 else "opaque")
+    plan = Plan(g, groups, ZERO_COST, ZERO_COST)
+    scan = next(grp for grp in plan.groups if grp.template == "lstm_scan")
+    assert {h_state, c_state} <= set(scan.outputs)
+    check(plan, random_inputs(g, seed=4))
+    kernel = next(k for k in render_plan(plan).kernels if k.group.template == "lstm_scan")
+    assert "gates interleaved" in kernel.code
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_lstm_loop_reads_each_steps_slice_of_the_input_in_place(time_major: bool) -> None:
+    """The Gathers that pick x[:, t] (or x[t] of a time-major input) join the loop kernel and become
+    offsets into the input: two kernels in all, and the peak activation memory is the recurrent
+    state alone, under half the unfused plan's."""
+    import dataclasses
+
+    from autofusion.api import optimize
+    from autofusion.codegen import render_plan
+    from autofusion.ir.graph import FrozenMap
+    from autofusion.ir.types import TensorType
+    from autofusion.models import build
+
+    g = build("lstm-tiny", batch=2)
+    if time_major:  # the same cell over an input laid out [T, B, D]
+        b_, t_, d_ = g.types["x"].shape
+        nodes = tuple(dataclasses.replace(n, attrs=FrozenMap({**dict(n.attrs), "axis": 0})) if n.op == "Gather" else n
+                      for n in g.nodes)
+        g = dataclasses.replace(g, nodes=nodes, types=FrozenMap({**dict(g.types), "x": TensorType((t_, b_, d_), DType.FLOAT32)}))
+    plan = optimize(g)
+    scan = next(grp for grp in plan.groups if grp.template == "lstm_scan")
+    assert sum(plan.graph.node_by_name[n].op == "Gather" for n in scan.nodes) == 8 and plan.kernels == 2
+    rng = np.random.default_rng(6)
+    check(plan, {"x": rng.standard_normal(g.types["x"].shape).astype(np.float32)})
+    kernel = next(k for k in render_plan(plan).kernels if k.group.template == "lstm_scan")
+    assert "gates interleaved" in kernel.code
+    fused, unfused = render_plan(plan).buffers, render_plan(unfused_plan(g)).buffers
+    assert fused is not None and unfused is not None and fused.peak_bytes <= unfused.peak_bytes / 2

@@ -55,6 +55,12 @@ def _render_body(k: KernelContext, nodes: list[Node]) -> str:
     convs = [n for n in nodes if n.op == "Conv"]
     lstms = [n for n in nodes if n.op == "LSTM"]
     template = group.template
+    if template == "lstm_scan":
+        from autofusion.codegen.lstm_cells import render_lstm_cells
+
+        body = render_lstm_cells(k, nodes)
+        if body is not None:
+            return body
     if template == "lstm_scan" or (template in ("gemm_epilogue", "conv_epilogue", "opaque")
                                    and len(cores) + len(convs) > 1 and not lstms):
         from autofusion.codegen.staged import render_staged

@@ -185,7 +185,12 @@ def _apply_loops(space: FusionSpace, checker: GroupChecker, partition: Partition
         if seconds(nodes) >= sum(seconds(g) for g in current) - EPS:
             continue
         ordered = sorted(nodes, key=partition.index.__getitem__)
-        _apply(partition, ordered, [list(range(len(ordered)))])
+        saved = partition.save(ordered)
+        for n in ordered[1:]:  # all at once: halfway, a step's input slice joined alone could form a cycle
+            partition.merge(ordered[0], n)
+        if not partition.is_acyclic():
+            partition.restore(saved)
+            notes.append(f"loop {loop.rule.name}: one kernel would form a cycle with other kernels; not fused")
 
 
 def _kind(space: FusionSpace, checker: GroupChecker, nodes: Sequence[str]) -> str:

@@ -47,6 +47,22 @@ def chain_cells(
             chain.append(following[chain[-1]])
         if len(chain) >= 2:
             index = {n.name: i for i, n in enumerate(graph.nodes)}
-            cells = tuple(tuple(sorted(complete[r][0], key=index.__getitem__)) for r in chain)
+            cells = tuple(tuple(sorted(complete[r][0] | _input_slices(graph, complete[r][0]), key=index.__getitem__))
+                          for r in chain)
             out.append(LoopCandidate(ref, rule.template or "lstm_scan", cells))
+    return out
+
+
+def _input_slices(graph: Graph, cell: set[str]) -> set[str]:
+    """Gathers that pick this step's slice of a model input (x[:, t]) for this step alone: in the loop
+    kernel they are an offset into the input, not a tensor stored for each step before the loop."""
+    out = set()
+    for name in cell:
+        for t in graph.node_by_name[name].inputs:
+            node = graph.producers.get(t)
+            if (node is None or node.op != "Gather" or node.name in cell or graph.producers.get(node.inputs[0])
+                    is not None or graph.types[node.inputs[1]].shape != () or not graph.is_const(node.inputs[1])):
+                continue
+            if all(c.name in cell for c in graph.consumers.get(t, ())):
+                out.add(node.name)
     return out
