@@ -117,6 +117,9 @@ def test_kernels_and_memory_come_from_the_plan(runs: dict, model: str) -> None:
     assert r["reference"]["kernels"] is None
     assert r["fused"]["peak_method"].startswith("planned") and r["unfused"]["peak_method"].startswith("planned")
     assert r["fused"]["peak_bytes"] > 0 and r["unfused"]["peak_bytes"] > 0
+    for name in ("fused", "unfused"):  # with each thread's blocks of the kernel that has the largest
+        entry = r[name]
+        assert entry["footprint_bytes"] == entry["peak_bytes"] + data["threads"] * entry["thread_block_bytes"]
     if HAS_ORT:
         assert r["ort_disable"]["kernels"] == r["unfused"]["kernels"]  # the same graph, nothing fused
         assert r["ort_all"]["kernels"] <= r["ort_disable"]["kernels"]

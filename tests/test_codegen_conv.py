@@ -168,3 +168,32 @@ def test_decider_ends_the_stems_convolution_with_its_maxpool() -> None:
     feeds = random_inputs(graph, seed=3)
     report = compare_outputs(run_graph(graph, feeds), CompiledModel(plan, cache=CACHE).run(feeds))
     assert report.ok, report.summary()
+
+
+def test_per_thread_blocks_are_counted_and_a_single_block_of_positions_shares_its_im2col() -> None:
+    """Each thread's im2col block and tile are counted (KernelSource.thread_bytes, BufferPlan.footprint);
+    with one block of positions and several channel blocks the im2col matrix is computed once, by all
+    threads, into the group's scratch (counted in the workspace) instead of once per task."""
+    from autofusion.codegen import render_plan
+
+    def kernel_of(x_shape: tuple[int, ...], channels: int):  # type: ignore[no-untyped-def]
+        b = GraphBuilder("conv_blocks")
+        x = b.input("x", x_shape)
+        w = f32(channels, x_shape[1], 3, 3) / np.float32(3 * x_shape[1] ** 0.5)  # outputs of about unit size
+        g = b.build([b.op("Relu", b.op("Conv", x, b.const(w), pads=(1, 1, 1, 1)))])
+        check(g, {"x": f32(*x_shape)})
+        plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                    ZERO_COST, ZERO_COST)
+        source = render_plan(plan)
+        assert source.buffers is not None
+        return source.kernels[0], source.buffers
+
+    # 32 x 32 positions in 4 blocks of 8 rows (256 positions), 64 channels: per-thread im2col and tile
+    kernel, buffers = kernel_of((1, 16, 32, 32), 64)
+    assert "shared by every task" not in kernel.code
+    assert kernel.thread_bytes == 4 * (16 * 9 * 256 + 64 * 256) and kernel.scratch_bytes == 0
+    assert buffers.footprint(2) == buffers.workspace_bytes + 2 * kernel.thread_bytes
+    # 7 x 7 positions, 256 channels in 4 blocks of 64: one shared im2col matrix, per-thread tiles only
+    kernel, buffers = kernel_of((1, 64, 7, 7), 256)
+    assert "shared by every task" in kernel.code
+    assert kernel.scratch_bytes == 4 * 64 * 9 * 49 and kernel.thread_bytes == 4 * 64 * 49

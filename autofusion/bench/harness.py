@@ -246,7 +246,8 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
     else:
         probe = MemoryProbe(runner.planned_peak, runner.planned_method)
         measured = peak_traced(once)  # what the Python-side buffers of this runner actually held
-        extra = {"measured_peak_bytes": measured.peak_bytes, "measured_peak_method": measured.method}
+        extra = {"measured_peak_bytes": measured.peak_bytes, "measured_peak_method": measured.method,
+                 **{k: v for k, v in (runner.extra or {}).items() if k in ("thread_block_bytes", "footprint_bytes")}}
     return box["out"], probe, extra
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.codegen.buffers import BufferPlan
 from autofusion.decide.plan import Plan
 from autofusion.ir.graph import Graph
 from autofusion.runtime import UnfusedRunner
@@ -34,10 +35,16 @@ FUSED_STEP_METHOD = ("measured per kernel: a profiling build of the SuperKernel 
 
 def planned_peak(runner: UnfusedRunner) -> int:
     """Peak activation bytes the runtime's buffer planner gives the runner's (unfused) plan."""
+    return planned_buffers(runner).peak_bytes
+
+
+def planned_buffers(runner: UnfusedRunner) -> BufferPlan:
+    """The runtime's buffer plan for the runner's (unfused) plan."""
     from autofusion.codegen.buffers import plan_buffers
 
-    scratch = {k.group.name: k.scratch_bytes for k in runner.source.kernels}
-    return plan_buffers(runner.plan, scratch).peak_bytes
+    kernels = runner.source.kernels
+    return plan_buffers(runner.plan, {k.group.name: k.scratch_bytes for k in kernels},
+                        {k.group.name: k.thread_bytes for k in kernels})
 
 
 class TimedUnfusedRunner(UnfusedRunner):

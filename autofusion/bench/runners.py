@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.codegen.buffers import BufferPlan
 from autofusion.decide import unfused_plan
 from autofusion.decide.plan import Plan
 from autofusion.ir.graph import Graph
@@ -96,24 +97,32 @@ def _reference(setup: BenchSetup) -> Runner:
 
 
 def _unfused(setup: BenchSetup) -> Runner:
-    from autofusion.bench.opaque import planned_peak
+    from autofusion.bench.opaque import planned_buffers
     from autofusion.runtime import UnfusedRunner
 
     runner = UnfusedRunner(setup.graph, threads=setup.threads)
+    buffers = planned_buffers(runner)
     return Runner("unfused", lambda: runner.run(setup.feeds), runner.plan.kernels,
                   "kernels launched: one per op that is not a view", 0.0, "planned",
-                  planned_peak(runner),
+                  buffers.peak_bytes,
                   "planned: the runtime's buffer plan for the unfused plan (peak live intermediates and scratch)",
-                  {"runtime": runner})
+                  {"runtime": runner, **_footprint(buffers, setup.threads)})
+
+
+def _footprint(buffers: BufferPlan, threads: int) -> dict[str, int]:
+    """Besides the activations: the largest per-thread blocks of a kernel, and the total with them."""
+    return {"thread_block_bytes": buffers.thread_bytes, "footprint_bytes": buffers.footprint(threads)}
 
 
 def _fused(setup: BenchSetup) -> Runner:
     from autofusion.runtime import CompiledModel
 
     model = CompiledModel(setup.plan, threads=setup.threads)
+    assert model.source.buffers is not None
     return Runner("fused", lambda: model.run(setup.feeds), setup.plan.kernels,
                   "kernels launched: the plan's non-view groups", 0.0, "planned", model.peak_bytes,
-                  "planned: the runtime's buffer plan for the fused plan (peak live intermediates and scratch)")
+                  "planned: the runtime's buffer plan for the fused plan (peak live intermediates and scratch)",
+                  _footprint(model.source.buffers, setup.threads))
 
 
 def _ort(setup: BenchSetup, name: str, level: str) -> Runner:

@@ -166,6 +166,11 @@ def _print_tables(out: Output, source: str, data: dict[str, Any]) -> None:
     ratio = data["ratios"].get("outside_opaque_unfused_over_fused")
     if ratio is not None:
         out.line(f"time outside opaque cores: unfused / fused = {ratio:.2f}x")
+    for name in ("unfused", "fused"):
+        r = runners.get(name)
+        if r is not None and r.get("footprint_bytes") is not None:
+            out.line(f"{name}: {human_bytes(r['footprint_bytes'])} with each thread's blocks (im2col, tiles) of the "
+                     f"kernel with the largest, {human_bytes(r['thread_block_bytes'])} per thread")
     if fused is not None:
         out.line(f"fused max |error| against the reference: {data['max_abs_error']:.3g}")
     for name, reason in data["skipped"].items():

@@ -51,11 +51,17 @@ class BufferPlan:
     workspace_bytes: int
     view_copies: FrozenMap[str, tuple[tuple[str, int], ...]]  # group -> (source tensor, output index)
     final_copies: tuple[tuple[str, int], ...]  # (source tensor, output index) after the last group
+    thread_bytes: int = 0  # the largest set of blocks one thread of one kernel allocates (im2col, tiles)
 
     @property
     def peak_bytes(self) -> int:
         """Peak activation memory: intermediate tensors and scratch, excluding inputs, outputs, weights."""
         return self.workspace_bytes
+
+    def footprint(self, threads: int) -> int:
+        """What a run holds at most besides inputs, outputs and weights: the workspace and, while the
+        kernel with the largest per-thread blocks runs, ``threads`` sets of them."""
+        return self.workspace_bytes + threads * self.thread_bytes
 
 
 def _aligned(n: int) -> int:
@@ -84,8 +90,9 @@ def best_fit(blocks: list[Interval]) -> tuple[dict[str, int], int]:
     return offsets, peak
 
 
-def plan_buffers(plan: Plan, scratch: Mapping[str, int]) -> BufferPlan:
-    """Place every tensor of ``plan``; ``scratch`` gives each group's scratch bytes."""
+def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[str, int] | None = None) -> BufferPlan:
+    """Place every tensor of ``plan``; ``scratch`` gives each group's scratch bytes, ``thread_bytes``
+    the blocks each of its threads allocates."""
     g = plan.graph
     place: dict[str, Placement] = {}
     for i, t in enumerate(g.inputs):
@@ -149,4 +156,5 @@ def plan_buffers(plan: Plan, scratch: Mapping[str, int]) -> BufferPlan:
         peak,
         FrozenMap((k, tuple(v)) for k, v in view_copies.items()),
         tuple(final_copies),
+        max((thread_bytes or {}).values(), default=0),
     )

@@ -213,13 +213,20 @@ class _Conv:
             over: dict[str, Override] = {y: lambda ix_, blk: f"{ybuf}[{ix.linear(ix_, ys)}]"}
             self.epilogue.append(self._nest(over).render(late))
         flops = 2 * n_img * m * p * kc
+        parallel = flops >= PARALLEL_MIN_FLOPS
+        # one image, one group, one block of positions: every channel block needs the same im2col matrix,
+        # computed once by all threads into scratch instead of once per task
+        shared_col = (k.scratch(kc * p * 4) if im2col and parallel and n_img * groups == 1 and tiles_p == 1
+                      and tiles_m > 1 else None)
+        tile_floats = mb * pb if packed or not ybuf else 0
+        k.per_thread(4 * (tile_floats + (kc * pb if im2col and shared_col is None else 0)))  # af_alloc'd blocks
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         return k.templates.render(
             "conv_epilogue.c.j2",
             comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if im2col else 'no'}; epilogue per tile: {ops}"),
-            prologue=self.prologue, epilogue=self.epilogue, parallel=flops >= PARALLEL_MIN_FLOPS,
-            tile_floats=mb * pb if packed or not ybuf else 0, packed=packed,
+            prologue=self.prologue, epilogue=self.epilogue, parallel=parallel, shared_col=shared_col,
+            tile_floats=tile_floats, packed=packed,
             w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
             cg=cg, in_size=ind * inh * inw, im2col=im2col, kc=kc, taps=taps, kd=kd, kh=kh,
             kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
@@ -295,12 +302,13 @@ class _Conv:
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         xs, ws = geo["xs"], geo["ws"]
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
+        k.per_thread(4 * (2 * mb * pb + (geo["kc"] * pb if geo["im2col"] else 0)))  # tile, pin and im2col block
         return k.templates.render(
             "conv_epilogue.c.j2",
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if geo['im2col'] else 'no'}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
-            prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS,
+            prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
             tile_floats=mb * pb, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
             batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile", ldc=ldc,
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],

@@ -39,6 +39,7 @@ class KernelSource:
     scratch_bytes: int
     derived: tuple[tuple[str, np.ndarray], ...] = ()  # (param ident, array) of derived constants
     uses_blas: bool = False
+    thread_bytes: int = 0  # blocks each thread allocates while the kernel runs (im2col, tiles, rows)
 
     def signature_args(self) -> str:
         return ", ".join(p.ident for p in self.params)
@@ -56,6 +57,7 @@ class KernelContext:
     used: dict[str, str] = field(default_factory=dict)  # tensor -> ident, for referenced tensors
     derived: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (label, ident, array)
     scratch_bytes: int = 0
+    thread_bytes: int = 0
     uses_blas: bool = False
     _counter: int = 0
 
@@ -111,6 +113,10 @@ class KernelContext:
         offset = self.scratch_bytes
         self.scratch_bytes += (nbytes + SCRATCH_ALIGN - 1) // SCRATCH_ALIGN * SCRATCH_ALIGN
         return offset
+
+    def per_thread(self, nbytes: int) -> None:
+        """Count a block each thread allocates for itself while the kernel runs (af_alloc)."""
+        self.thread_bytes += nbytes
 
     # -- errors -----------------------------------------------------------------------------------
 

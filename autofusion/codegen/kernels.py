@@ -46,7 +46,7 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
     code = templates.render("kernel.c.j2", comment=group_comment(graph, group), name=name, params=params,
                             body=body.splitlines())
     return KernelSource(name, group, code, params, k.scratch_bytes,
-                        tuple((ident, arr) for _, ident, arr in k.derived), k.uses_blas)
+                        tuple((ident, arr) for _, ident, arr in k.derived), k.uses_blas, k.thread_bytes)
 
 
 def _render_body(k: KernelContext, nodes: list[Node]) -> str:

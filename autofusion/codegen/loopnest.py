@@ -344,7 +344,7 @@ class LoopNest:
             length=spec.length,
             parallel=spec.rows > 1 and spec.rows * spec.length >= PARALLEL_MIN_ELEMENTS // 4,
             chunk=chunk(spec.rows),
-            xrow=stage.xrow,
+            xrow=self._per_thread_row(stage, spec.length),
             xct=xct,
             prefix=stage.prefix,
             row_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.row_dims, row_exprs) if d in row_dims],
@@ -353,6 +353,11 @@ class LoopNest:
             reduced=reduced.lines,
             full=full.lines,
         )
+
+    def _per_thread_row(self, stage: _Stage, length: int) -> bool:
+        if stage.xrow:  # reduction_stage.c.j2: each thread's copy of the row it reduces
+            self.k.per_thread(length * self.k.type(stage.spec.x).dtype.itemsize)
+        return stage.xrow
 
     def _finish_stage(self, stage: _Stage, parts: Mapping[str, object]) -> str:
         stores = []

@@ -131,7 +131,8 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     kernels = render_kernels(plan, templates, registry)
     by_group = {k.group.name: k for k in kernels}
     unique, function = share_kernels(kernels)
-    buffers = plan_buffers(plan, {k.group.name: k.scratch_bytes for k in kernels})
+    buffers = plan_buffers(plan, {k.group.name: k.scratch_bytes for k in kernels},
+                           {k.group.name: k.thread_bytes for k in kernels})
     names = NameTable("t_", reserved=frozenset({"ctx", "ws", "inputs", "outputs", "nt"}))
 
     consts: list[tuple[str, np.ndarray]] = [(t, np.ascontiguousarray(c.array)) for t, c in g.constants.items()]
