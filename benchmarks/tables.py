@@ -23,22 +23,24 @@ def mib(n: int | None) -> str:
 def bench_table(data: dict[str, Any]) -> str:
     runners = data["runners"]
     fused = runners.get("fused", {})
-    lines = ["| runner | median ms | runner / fused (median) | min ms | runner / fused (min) | peak memory | measured by "
-             "| kernels | max abs error | setup s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    lines = ["| runner | median ms | runner / fused (median) | min ms | runner / fused (min) | round medians ms "
+             "| peak memory | measured by | kernels | max abs error | setup s |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: |"]
     for name in ORDER:
         r = runners.get(name)
         if r is None:
             continue
         ratio = f"{r['median_ms'] / fused['median_ms']:.2f}x" if fused else ""
         best = f"{r['min_ms'] / fused['min_ms']:.2f}x" if fused else ""
-        lines.append(f"| {name} | {r['median_ms']:.2f} | {ratio} | {r['min_ms']:.2f} | {best} | {mib(r['peak_bytes'])} | "
+        rounds = " / ".join(f"{m:.1f}" for m in r.get("round_medians_ms", []))
+        lines.append(f"| {name} | {r['median_ms']:.2f} | {ratio} | {r['min_ms']:.2f} | {best} | {rounds} | "
+                     f"{mib(r['peak_bytes'])} | "
                      f"{r['peak_method'].split(':')[0]} | {'n/a' if r['kernels'] is None else r['kernels']} | "
                      f"{r['max_abs_error']:.1e} | {r['setup_s']:.1f} |")
     for name, why in data["skipped"].items():
-        lines.append(f"| {name} | skipped: {why} | | | | | | | | |")
+        lines.append(f"| {name} | skipped: {why} | | | | | | | | | |")
     for name, why in data["failed"].items():
-        lines.append(f"| {name} | FAILED: {why} | | | | | | | | |")
+        lines.append(f"| {name} | FAILED: {why} | | | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -59,8 +61,22 @@ def outside_row(case: str, data: dict[str, Any]) -> str:
             f"{u['opaque_core_best_ms']:.2f} | {f['opaque_core_best_ms']:.2f} |")
 
 
+def memory_row(case: str, data: dict[str, Any]) -> str:
+    u, f = data["runners"]["unfused"], data["runners"]["fused"]
+
+    def ratio(a: int | None, b: int | None) -> str:
+        return "n/a" if not a or b is None else f"{b / a:.2f}"
+
+    return (f"| {case} | {mib(u['peak_bytes'])} | {mib(f['peak_bytes'])} | {ratio(u['peak_bytes'], f['peak_bytes'])} | "
+            f"{mib(u.get('footprint_bytes'))} | {mib(f.get('footprint_bytes'))} | "
+            f"{ratio(u.get('footprint_bytes'), f.get('footprint_bytes'))} |")
+
+
 def main() -> int:
     files = sorted(RESULTS.glob("bench_*.json"))
+    memory = ["| case | unfused activations | fused activations | fused / unfused | unfused with per-thread blocks "
+              "| fused with per-thread blocks | fused / unfused |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     outside = ["| case | unfused outside ms (medians) | fused outside ms (medians) | unfused / fused "
                "| unfused outside ms (minima) | fused outside ms (minima) | unfused / fused | fused: how "
                "| fused whole-run estimate ms (median) "
@@ -75,8 +91,11 @@ def main() -> int:
         print(bench_table(data) + "\n")
         if "unfused" in data["runners"] and "fused" in data["runners"]:
             outside.append(outside_row(case, data))
+            memory.append(memory_row(case, data))
     print("### time outside opaque cores\n")
     print("\n".join(outside) + "\n")
+    print("### peak memory\n")
+    print("\n".join(memory) + "\n")
     opt = RESULTS / "optimize.json"
     if opt.exists():
         optimize_tables(json.loads(opt.read_text()))
