@@ -219,7 +219,7 @@ class _Conv:
         shared_col = (k.scratch(kc * p * 4) if im2col and parallel and n_img * groups == 1 and tiles_p == 1
                       and tiles_m > 1 else None)
         tile_floats = mb * pb if packed or not ybuf else 0
-        k.per_thread(4 * (tile_floats + (kc * pb if im2col and shared_col is None else 0)))  # af_alloc'd blocks
+        k.per_thread(4 * (tile_floats + (kc * pb if im2col and shared_col is None else 0)))  # af_thread_block: im2col block and tile
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         return k.templates.render(
             "conv_epilogue.c.j2",

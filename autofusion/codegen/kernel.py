@@ -115,7 +115,7 @@ class KernelContext:
         return offset
 
     def per_thread(self, nbytes: int) -> None:
-        """Count a block each thread allocates for itself while the kernel runs (af_alloc)."""
+        """Count a block each thread uses for itself while the kernel runs (af_thread_block)."""
         self.thread_bytes += nbytes
 
     # -- errors -----------------------------------------------------------------------------------

@@ -188,7 +188,8 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
                                f"({len(unique)} distinct)"),
         workspace=buffers.workspace_bytes, blas=False, kernels=unique, consts=consts,
         n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final, profile=profile)
-    return LibrarySource("superkernel", tuple(units) + (("main.c", main),), templates.runtime_header(),
+    return LibrarySource("superkernel", tuple(units) + (_runtime_unit(templates), ("main.c", main)),
+                         templates.runtime_header(),
                          tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels), function,
                          profile, tuple(str(s["group"]) for s in steps) if profile else ())
 
@@ -202,8 +203,13 @@ def render_unfused(plan: Plan, templates: TemplateSet | None = None,
     unique, function = share_kernels(kernels)
     title = f"autofusion kernels of {plan.graph.name!r}, one entry per distinct kernel"
     units = _units(title, unique, templates, exported=True, prefix="ops_")
-    return LibrarySource("kernels", tuple(units), templates.runtime_header(), tuple(kernels), (), None,
-                         any(k.uses_blas for k in kernels), function)
+    return LibrarySource("kernels", tuple(units) + (_runtime_unit(templates),), templates.runtime_header(),
+                         tuple(kernels), (), None, any(k.uses_blas for k in kernels), function)
+
+
+def _runtime_unit(templates: TemplateSet) -> tuple[str, str]:
+    """The translation unit of the runtime's own functions (``af_thread_block``)."""
+    return ("af_runtime.c", templates.render("runtime.c.j2"))
 
 
 def _ctype(dtype: DType) -> str:

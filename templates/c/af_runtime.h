@@ -150,11 +150,10 @@ static inline int64_t af_wrapmod_index(int64_t i, int64_t n) {
     return i < 0 ? i + n : i;
 }
 
-/* Cache-line aligned scratch for one thread; never NULL for a zero-byte request. */
-static inline void* af_alloc(size_t bytes) {
-    size_t size = (bytes + 63) / 64 * 64;
-    return aligned_alloc(64, size ? size : 64);
-}
-static inline void af_free(void* p) { free(p); }
+/* The calling thread's block for the kernel it is running (im2col block, tile, row): cache-line
+   aligned, kept between kernels and runs and grown when a kernel needs more (defined once per library,
+   in the SuperKernel's unit), so that no run pays for fresh pages. Callers carve it up; NULL only when
+   memory runs out. */
+AF_INTERNAL void* af_thread_block(size_t bytes);
 
 #endif /* AF_RUNTIME_H */

@@ -10,8 +10,9 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
         scipy_openblas_set_num_threads(1); /* tiles run in parallel, one sgemm per thread at a time */
         #pragma omp parallel num_threads(nt)
         {
-            float* restrict col = (float*)af_alloc(129024 * sizeof(float)); /* this thread's im2col block */
-            float* restrict tile = (float*)af_alloc(14336 * sizeof(float));
+            char* restrict block = (char*)af_thread_block(573440); /* this thread's */
+            float* restrict col = (float*)block; /* im2col block */
+            float* restrict tile = (float*)(block + 516096);
             /* one task per (image, group, channel block, block of whole output rows): no barrier between them */
             #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < 14; ++t) {
@@ -79,8 +80,6 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                     }
                 }
             }
-            af_free(tile);
-            af_free(col);
         }
     }
 }

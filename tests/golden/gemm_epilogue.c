@@ -10,7 +10,7 @@ AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const
         scipy_openblas_set_num_threads(1); /* tiles run in parallel, one sgemm per thread at a time */
         #pragma omp parallel num_threads(nt)
         {
-            float* restrict tile = (float*)af_alloc(49152 * sizeof(float));
+            float* restrict tile = (float*)af_thread_block(49152 * sizeof(float)); /* this thread's */
             /* MatMul matmul_2: 1 x [128 x 768] @ [768 x 3072] -> matmul_2_out */
             #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t t = 0; t < 8; ++t) {
@@ -43,7 +43,6 @@ AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const
                     }
                 }
             }
-            af_free(tile);
         }
     }
 }

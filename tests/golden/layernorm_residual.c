@@ -8,7 +8,7 @@ AF_INTERNAL void k0_add_layernormalization(const float* restrict t_x, const floa
     /* stage 0: LayerNormalization layernormalization_4 over axes [2] of add_1_out [1, 128, 768]: 128 rows x 768 */
     #pragma omp parallel num_threads(nt)
     {
-        float* restrict s0_xrow = (float*)af_alloc(768 * sizeof(float));
+        float* restrict s0_xrow = (float*)af_thread_block(768 * sizeof(float)); /* this thread's */
         #pragma omp for schedule(dynamic, 4)
         for (int64_t row = 0; row < 128; ++row) {
             const int64_t i1 = row;
@@ -42,6 +42,5 @@ AF_INTERNAL void k0_add_layernormalization(const float* restrict t_x, const floa
                 t_layernormalization_4_out[i1 * 768 + i2] = v12;
             }
         }
-        af_free(s0_xrow);
     }
 }

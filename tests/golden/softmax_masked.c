@@ -8,7 +8,7 @@ AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float*
     /* stage 0: Softmax softmax_4 over axes [3] of add_3_out [1, 12, 128, 128]: 1536 rows x 128 */
     #pragma omp parallel num_threads(nt)
     {
-        float* restrict s0_xrow = (float*)af_alloc(128 * sizeof(float));
+        float* restrict s0_xrow = (float*)af_thread_block(128 * sizeof(float)); /* this thread's */
         #pragma omp for schedule(dynamic, 48)
         for (int64_t row = 0; row < 1536; ++row) {
             const int64_t i1 = row / 128;
@@ -39,6 +39,5 @@ AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float*
                 t_softmax_4_out[i1 * 16384 + i2 * 128 + i3] = v8;
             }
         }
-        af_free(s0_xrow);
     }
 }
