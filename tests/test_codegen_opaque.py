@@ -139,7 +139,8 @@ def test_lstm_cell_unrolled_over_time_as_one_scan_kernel(cell_kernel: bool, monk
 @pytest.mark.parametrize("batch", [1, 3])
 def test_lstm_cell_kernel_writes_states_read_outside(batch: int) -> None:
     """With a middle step's hidden and cell state also graph outputs, the cell kernel writes them as
-    it goes (batch 1 and 3); and optimize() puts the plain unrolled cell in one lstm_scan group."""
+    it goes (batch 1 and 3); optimize() puts the unrolled cell in one lstm_scan group, at batch 1 with
+    those outputs too (the whole-group cost estimate charged recomputation across steps)."""
     import dataclasses
 
     from autofusion.api import optimize
@@ -147,13 +148,15 @@ def test_lstm_cell_kernel_writes_states_read_outside(batch: int) -> None:
     from autofusion.models import build, random_inputs
 
     g = build("lstm-tiny", batch=batch)
-    assert any(grp.template == "lstm_scan" for grp in optimize(g).groups)
+    assert optimize(g).kernels == 2  # the loop and the linear head
     split = [n for n in g.nodes if n.op == "Split"][3]
     forget = g.consumers[split.outputs[1]][0]  # Sigmoid
     c_state = g.consumers[g.consumers[forget.outputs[0]][0].outputs[0]][0].outputs[0]  # f * c + i * g
     tanh_c = next(u for u in g.consumers[c_state] if u.op == "Tanh")
     h_state = g.consumers[tanh_c.outputs[0]][0].outputs[0]  # o * tanh(c)
     g = dataclasses.replace(g, outputs=(*g.outputs, h_state, c_state))
+    if batch == 1:  # the loop is costed step by step (each step storing its carried values): still chosen
+        assert optimize(g).kernels == 2
     head = g.nodes[-1]
     cells = [n.name for n in g.nodes if n.op != "Gather" and n is not head]
     rest = [[n.name] for n in g.nodes if n.op == "Gather" or n is head]
@@ -194,3 +197,34 @@ def test_lstm_loop_reads_each_steps_slice_of_the_input_in_place(time_major: bool
     assert "gates interleaved" in kernel.code
     fused, unfused = render_plan(plan).buffers, render_plan(unfused_plan(g)).buffers
     assert fused is not None and unfused is not None and fused.peak_bytes <= unfused.peak_bytes / 2
+
+
+def test_lstm_cell_kernel_declines_a_step_input_it_cannot_offset() -> None:
+    """A step's input computed inside the loop group by something else than a Gather of a model input
+    (here a Relu of it): the cell kernel declines and the generic renderer runs the group."""
+    import dataclasses
+
+    from autofusion.codegen import render_plan
+    from autofusion.models import build, random_inputs
+
+    g = build("lstm-tiny")
+    gathers = [n for n in g.nodes if n.op == "Gather"]
+    first = gathers[0]
+    relu_out = first.outputs[0] + "_relu"
+    nodes = []
+    for n in g.nodes:
+        if n.name != first.name and first.outputs[0] in n.inputs:
+            n = dataclasses.replace(n, inputs=tuple(relu_out if i == first.outputs[0] else i for i in n.inputs))
+        nodes.append(n)
+        if n.name == first.name:
+            nodes.append(dataclasses.replace(n, name=n.name + "_relu", op="Relu", inputs=(n.outputs[0],),
+                                             outputs=(relu_out,), attrs=type(n.attrs)()))
+    g = dataclasses.replace(g, nodes=tuple(nodes), types=type(g.types)({**dict(g.types), relu_out: g.types[first.outputs[0]]}))
+    head = g.nodes[-1]
+    cells = [n.name for n in g.nodes if n is not head and (n.op != "Gather" or n.name == first.name)]
+    rest = [[n.name] for n in g.nodes if n.name not in cells]
+    groups = build_groups(g, [cells, *rest], template_of=lambda ns: "lstm_scan" if len(ns) > 1 else "opaque")
+    plan = Plan(g, groups, ZERO_COST, ZERO_COST)
+    check(plan, random_inputs(g, seed=5))
+    kernel = next(k for k in render_plan(plan).kernels if k.group.template == "lstm_scan")
+    assert "gates interleaved" not in kernel.code

@@ -49,6 +49,7 @@ PARALLEL_MIN_FLOPS = 1 << 19
 # blocks' windows are computed twice, so blocks are larger than without pooling.
 POOL_TILE_P = 512
 POOL_OPS = frozenset({"MaxPool", "AveragePool"})
+MAX_POOL_RECOMPUTE = 1.5  # blocks may compute at most this many convolution rows per output row
 
 
 # the bias of output channel ``ch``: a C expression (from a tensor, or folded at build time)
@@ -219,14 +220,14 @@ class _Conv:
         shared_col = (k.scratch(kc * p * 4) if im2col and parallel and n_img * groups == 1 and tiles_p == 1
                       and tiles_m > 1 else None)
         tile_floats = mb * pb if packed or not ybuf else 0
-        k.per_thread(4 * (tile_floats + (kc * pb if im2col and shared_col is None else 0)))  # af_thread_block: im2col block and tile
+        col_bytes, tile_bytes = _blocks(k, kc * pb if im2col and shared_col is None else 0, tile_floats, 1)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         return k.templates.render(
             "conv_epilogue.c.j2",
             comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if im2col else 'no'}; epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, parallel=parallel, shared_col=shared_col,
-            tile_floats=tile_floats, packed=packed,
+            tile_floats=tile_floats, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed,
             w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
             cg=cg, in_size=ind * inh * inw, im2col=im2col, kc=kc, taps=taps, kd=kd, kh=kh,
             kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
@@ -266,11 +267,20 @@ class _Conv:
         oh, ow = ys[2], ys[3]
         stride, pad, reach = pw_.strides[0], pw_.pad_begin[0], (pw_.kernel[0] - 1) * pw_.dilations[0] + 1
         poh = ps[2]
-        prb = max(1, min(poh, POOL_TILE_P // max(1, ow * stride)))
         mg, n_img, groups = geo["mg"], geo["n_img"], geo["groups"]
-        while prb > 1 and n_img * groups * -(-poh // prb) < MIN_TASKS:
+
+        def rows_of(blk: int) -> int:  # convolution rows a block of blk pooled rows reaches
+            return min(oh, (blk - 1) * stride + reach)
+
+        def recomputed(blk: int) -> float:  # convolution rows computed per row of its output
+            return -(-poh // blk) * rows_of(blk) / oh
+
+        prb = max(1, min(poh, POOL_TILE_P // max(1, ow * stride)))
+        while prb < poh and recomputed(prb) > MAX_POOL_RECOMPUTE:
+            prb += 1  # rows shared by neighbouring blocks' windows are computed twice: fewer, larger blocks
+        while prb > 1 and n_img * groups * -(-poh // prb) < MIN_TASKS and recomputed(-(-prb // 2)) <= MAX_POOL_RECOMPUTE:
             prb = -(-prb // 2)  # enough blocks for every thread
-        rows = min(oh, (prb - 1) * stride + reach)  # convolution rows a block of prb pooled rows reaches
+        rows = rows_of(prb)
         pb = rows * ow
         mb = max(1, min(mg, TILE_M))
         tasks = n_img * groups * -(-poh // prb)
@@ -294,7 +304,11 @@ class _Conv:
                 raise Misaligned(self.core.name)
             return f"pin[mi * {pb} + (({idx[2]}) - crow0) * {ow} + ({idx[3]})]"
 
-        inl = Inliner(k, self.non_core, self.handlers, overrides={**self.loads, pool_in: rows_of_pin})
+        def not_in_pass_2(idx: Index, block: Block) -> str:
+            raise Misaligned(self.core.name)  # an output reads the convolution beside the pooling op: not pooled
+
+        inl = Inliner(k, self.non_core, self.handlers,
+                      overrides={**self.loads, y: not_in_pass_2, pool_in: rows_of_pin})
         body = Block()
         idx: Index = tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(ps))
         for t in outputs:
@@ -302,14 +316,14 @@ class _Conv:
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         xs, ws = geo["xs"], geo["ws"]
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
-        k.per_thread(4 * (2 * mb * pb + (geo["kc"] * pb if geo["im2col"] else 0)))  # tile, pin and im2col block
+        col_bytes, tile_bytes = _blocks(k, geo["kc"] * pb if geo["im2col"] else 0, mb * pb, 2)  # tile and pin
         return k.templates.render(
             "conv_epilogue.c.j2",
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if geo['im2col'] else 'no'}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
             prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
-            tile_floats=mb * pb, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
+            tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
             batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile", ldc=ldc,
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],
@@ -377,6 +391,13 @@ class _Conv:
         except Misaligned:
             return False
         return True
+
+
+def _blocks(k: KernelContext, col_floats: int, tile_floats: int, tiles: int) -> tuple[int, int]:
+    """Bytes of the im2col block and of each tile in the thread's block (af_thread_block), counted."""
+    col_bytes, tile_bytes = (-(-4 * col_floats // 64) * 64, -(-4 * tile_floats // 64) * 64)
+    k.per_thread(col_bytes + tiles * tile_bytes)
+    return col_bytes, tile_bytes
 
 
 def render_conv(k: KernelContext, nodes: list[Node], core: Node) -> str:

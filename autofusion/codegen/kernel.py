@@ -115,8 +115,9 @@ class KernelContext:
         return offset
 
     def per_thread(self, nbytes: int) -> None:
-        """Count a block each thread uses for itself while the kernel runs (af_thread_block)."""
-        self.thread_bytes += nbytes
+        """Count a request for the block each thread uses while the kernel runs (af_thread_block):
+        requests reuse the one block, so the largest counts, rounded as the runtime rounds it."""
+        self.thread_bytes = max(self.thread_bytes, (nbytes + 63) // 64 * 64)
 
     # -- errors -----------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import DType
 
 UNITS = PACK_NR // 4  # hidden units per panel: four gates each
+MAX_BATCH = 256  # each thread's tile of gates, batch x 32 floats, lives on its stack
 
 
 @dataclass(frozen=True)
@@ -149,10 +150,12 @@ def _step_input(k: KernelContext, s: _Step, members: set[str]) -> tuple[str, int
     node = g.producers.get(s.x)
     if node is None or node.name not in members:
         return k.pointer(s.x), d
+    if node.op != "Gather" or len(node.inputs) != 2:
+        return None
     data = g.types[node.inputs[0]].shape
     index = g.const_value(node.inputs[1])
     axis = int(node.attr("axis", 0)) % max(1, len(data))
-    if node.op != "Gather" or len(data) != 3 or axis not in (0, 1) or index is None:
+    if len(data) != 3 or axis not in (0, 1) or index is None:
         return None
     t = int(np.asarray(index).reshape(()))
     t = t + data[axis] if t < 0 else t
@@ -182,7 +185,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
     hb, hidden = g.types[first.h_in].shape
     w_x = g.const_value(first.gemm_x.inputs[1])
     w_h = g.const_value(first.gemm_h.inputs[1])
-    if w_x is None or w_h is None or hidden % UNITS or hb != batch:
+    if w_x is None or w_h is None or hidden % UNITS or hb != batch or batch > MAX_BATCH:
         return None
     if w_x.shape != (4 * hidden, d) or w_h.shape != (4 * hidden, hidden):
         return None

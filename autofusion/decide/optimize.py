@@ -182,7 +182,10 @@ def _apply_loops(space: FusionSpace, checker: GroupChecker, partition: Partition
         if any(not g <= nodes for g in current):
             notes.append(f"loop {loop.rule.name}: steps share kernels with nodes outside the loop; not fused")
             continue
-        if seconds(nodes) >= sum(seconds(g) for g in current) - EPS:
+        # the loop kernel stores its carried values every step: it never costs more than its steps as
+        # separate kernels, however much the whole-group estimate charges for inlining across steps
+        loop_seconds = min(seconds(nodes), sum(seconds(frozenset(step)) for step in loop.steps))
+        if loop_seconds >= sum(seconds(g) for g in current) - EPS:
             continue
         ordered = sorted(nodes, key=partition.index.__getitem__)
         saved = partition.save(ordered)

@@ -7,6 +7,7 @@
 #ifndef AF_RUNTIME_H
 #define AF_RUNTIME_H
 
+#include <pthread.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
