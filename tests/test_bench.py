@@ -268,6 +268,25 @@ def test_rounds_alternate_the_order_and_pool_every_run(tiny_setup: BenchSetup) -
     assert to_json(result, {})["rounds"] == 3
 
 
+def test_only_the_first_round_times_kernels_one_by_one(tiny_setup: BenchSetup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-kernel timing (for the time outside the cores) runs in round 1 only: later rounds' would be
+    thrown away."""
+    import autofusion.bench.harness as harness
+
+    calls: list[int] = []
+    real = harness.time_ops
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "time_ops", counted)
+    result = run_bench(tiny_setup, ["unfused", "fused"], repeat=1, warmup=0, pause=0, rounds=3)
+    assert len(calls) == (2 if harness.has_kernel_hook() else 0)
+    fused = result.get("fused")
+    assert fused is not None and len(fused.times_ms) == 3 and fused.outside_opaque_ms is not None
+
+
 def test_missing_packages_skip_with_the_reason(tiny_setup: BenchSetup, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails as if it were not installed
     monkeypatch.setitem(sys.modules, "onnxruntime", None)

@@ -122,9 +122,10 @@ class Measured:
 
 
 def measure(name: str, setup: BenchSetup, reference: Outputs, repeat: int, warmup: int, rtol: float, atol: float,
-            factories: Mapping[str, RunnerFactory] | None = None, step: Callable[[str], None] | None = None) -> Measured:
+            factories: Mapping[str, RunnerFactory] | None = None, step: Callable[[str], None] | None = None,
+            per_kernel: bool = True) -> Measured:
     """Prepare runner ``name``, check and probe its first run, warm it up, time it ``repeat`` times;
-    for the unfused and fused runners also time their graphs kernel by kernel."""
+    for the unfused and fused runners also (``per_kernel``) time their graphs kernel by kernel."""
     step = step or (lambda _: None)
     step(f"preparing {name}")
     try:
@@ -144,7 +145,7 @@ def measure(name: str, setup: BenchSetup, reference: Outputs, repeat: int, warmu
         runner.call()
         times.append(time.perf_counter() - t0)
     op_times = None
-    if name in ("unfused", "fused") and has_kernel_hook():
+    if per_kernel and name in ("unfused", "fused") and has_kernel_hook():
         step(f"kernel by kernel {name}")
         graph = setup.graph if name == "unfused" else setup.plan.graph
         op_times = time_ops(graph, setup.feeds, repeat, setup.threads)
@@ -198,10 +199,10 @@ def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup:
                     from autofusion.bench.worker import measure_in_worker
 
                     progress.step(f"{name} (in its own process)")
-                    by_name[name].append(measure_in_worker(job, name))
-                else:
+                    by_name[name].append(measure_in_worker(job, name, per_kernel=round_ == 0))
+                else:  # kernel-by-kernel times come from the first round (pooled_rounds keeps its)
                     by_name[name].append(measure(name, setup, reference, repeat, warmup, rtol, atol, factories,
-                                                 progress.step))
+                                                 progress.step, per_kernel=round_ == 0))
     measured = [pooled_rounds(by_name[name]) for name in names]
     results = _with_outside_opaque([m.result for m in measured if m.result is not None],
                                    {m.name: m.op_times for m in measured if m.op_times is not None},
@@ -214,7 +215,8 @@ def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup:
 
 def pooled_rounds(rounds: Sequence[Measured]) -> Measured:
     """One runner's rounds as one measurement: every timed run pooled (median over all), the worst
-    error; the first round's memory, kernels and per-kernel times. A round that failed or was
+    error; the first round's memory, kernels and per-kernel times (only the first round times
+    kernels one by one). A round that failed or was
     skipped makes the runner failed or skipped."""
     for m in rounds:
         if m.failed is not None or m.skipped is not None:

@@ -1,4 +1,5 @@
-"""One runner measured in a process of its own: ``python -m autofusion.bench.worker JOB NAME OUT``.
+"""One runner measured in a process of its own:
+``python -m autofusion.bench.worker JOB NAME OUT [--no-per-kernel]``.
 
 The parent pickles the job once (graph, plan, feeds, reference outputs, settings); each worker
 loads it, measures one runner with :func:`autofusion.bench.harness.measure` and pickles the
@@ -31,12 +32,13 @@ def write_job(path: Path, setup: BenchSetup, reference: Outputs, repeat: int, wa
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def measure_in_worker(job: Path, name: str) -> Measured:
+def measure_in_worker(job: Path, name: str, per_kernel: bool = True) -> Measured:
     """Run the worker for runner ``name`` on the job file; a crashed worker is a failed runner."""
     package_root = str(Path(__file__).resolve().parent.parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     out = job.with_name(f"{name}.result.pkl")
-    r = subprocess.run([sys.executable, "-m", "autofusion.bench.worker", str(job), name, str(out)],
+    r = subprocess.run([sys.executable, "-m", "autofusion.bench.worker", str(job), name, str(out),
+                        *([] if per_kernel else ["--no-per-kernel"])],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0 or not out.exists():
         tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-STDERR_LINES:])
@@ -50,14 +52,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from autofusion.bench.environment import fix_malloc_threshold, limit_threads
     from autofusion.plugins import registry_with_plugins
 
-    job_path, name, out_path = argv if argv is not None else sys.argv[1:4]
+    args = list(argv if argv is not None else sys.argv[1:])
+    job_path, name, out_path = args[:3]
+    per_kernel = "--no-per-kernel" not in args[3:]
     with open(job_path, "rb") as f:
         job: dict[str, Any] = pickle.load(f)
     limit_threads(job["threads"])
     fix_malloc_threshold()
     with tempfile.TemporaryDirectory(prefix="autofusion-bench-") as tmp:
         setup = BenchSetup(job["graph"], job["plan"], job["feeds"], job["threads"], registry_with_plugins(), Path(tmp))
-        measured = measure(name, setup, job["reference"], job["repeat"], job["warmup"], job["rtol"], job["atol"])
+        measured = measure(name, setup, job["reference"], job["repeat"], job["warmup"], job["rtol"], job["atol"],
+                           per_kernel=per_kernel)
     with open(out_path, "wb") as f:
         pickle.dump(measured, f, protocol=pickle.HIGHEST_PROTOCOL)
     return 0
