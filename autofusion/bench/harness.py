@@ -216,8 +216,7 @@ def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup:
 def pooled_rounds(rounds: Sequence[Measured]) -> Measured:
     """One runner's rounds as one measurement: every timed run pooled (median over all), the worst
     error; the first round's memory, kernels and per-kernel times (only the first round times
-    kernels one by one). A round that failed or was
-    skipped makes the runner failed or skipped."""
+    kernels one by one). A round that failed or was skipped makes the runner failed or skipped."""
     for m in rounds:
         if m.failed is not None or m.skipped is not None:
             return m
@@ -249,7 +248,7 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
         probe = MemoryProbe(runner.planned_peak, runner.planned_method)
         measured = peak_traced(once)  # what the Python-side buffers of this runner actually held
         extra = {"measured_peak_bytes": measured.peak_bytes, "measured_peak_method": measured.method,
-                 **{k: v for k, v in (runner.extra or {}).items() if k in ("thread_block_bytes", "footprint_bytes")}}
+                 **(runner.reported or {})}
     return box["out"], probe, extra
 
 

@@ -33,18 +33,11 @@ FUSED_STEP_METHOD = ("measured per kernel: a profiling build of the SuperKernel 
                      "timed alone")
 
 
-def planned_peak(runner: UnfusedRunner) -> int:
-    """Peak activation bytes the runtime's buffer planner gives the runner's (unfused) plan."""
-    return planned_buffers(runner).peak_bytes
-
-
 def planned_buffers(runner: UnfusedRunner) -> BufferPlan:
     """The runtime's buffer plan for the runner's (unfused) plan."""
-    from autofusion.codegen.buffers import plan_buffers
+    from autofusion.codegen.superkernel import kernel_buffers
 
-    kernels = runner.source.kernels
-    return plan_buffers(runner.plan, {k.group.name: k.scratch_bytes for k in kernels},
-                        {k.group.name: k.thread_bytes for k in kernels})
+    return kernel_buffers(runner.plan, runner.source.kernels)
 
 
 class TimedUnfusedRunner(UnfusedRunner):

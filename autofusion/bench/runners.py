@@ -60,7 +60,8 @@ class Runner:
     """A prepared runtime. ``call`` runs the model once on the setup's feeds.
 
     ``memory`` says how its peak memory is measured: ``planned`` (``planned_peak`` holds the
-    runtime's buffer plan), ``tracemalloc`` or ``rss`` (measured on its first call).
+    runtime's buffer plan), ``tracemalloc`` or ``rss`` (measured on its first call). ``reported``
+    entries go into the result as they are.
     """
 
     name: str
@@ -72,6 +73,7 @@ class Runner:
     planned_peak: int | None = None
     planned_method: str = ""
     extra: dict[str, Any] | None = None
+    reported: dict[str, Any] | None = None
 
 
 RunnerFactory = Callable[[BenchSetup], Runner]
@@ -106,7 +108,7 @@ def _unfused(setup: BenchSetup) -> Runner:
                   "kernels launched: one per op that is not a view", 0.0, "planned",
                   buffers.peak_bytes,
                   "planned: the runtime's buffer plan for the unfused plan (peak live intermediates and scratch)",
-                  {"runtime": runner, **_footprint(buffers, setup.threads)})
+                  {"runtime": runner}, _footprint(buffers, setup.threads))
 
 
 def _footprint(buffers: BufferPlan, threads: int) -> dict[str, int]:
@@ -122,7 +124,7 @@ def _fused(setup: BenchSetup) -> Runner:
     return Runner("fused", lambda: model.run(setup.feeds), setup.plan.kernels,
                   "kernels launched: the plan's non-view groups", 0.0, "planned", model.peak_bytes,
                   "planned: the runtime's buffer plan for the fused plan (peak live intermediates and scratch)",
-                  _footprint(model.source.buffers, setup.threads))
+                  None, _footprint(model.source.buffers, setup.threads))
 
 
 def _ort(setup: BenchSetup, name: str, level: str) -> Runner:

@@ -32,6 +32,7 @@ from autofusion.codegen.kernel import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import strided_view
+from autofusion.decide.legality import POOL_OPS
 from autofusion.ir.graph import Node
 from autofusion.ir.types import DType
 from autofusion.ops.common import ints
@@ -48,7 +49,6 @@ PARALLEL_MIN_FLOPS = 1 << 19
 # With a pooling epilogue, tasks of about 512 convolution output positions: rows shared by two
 # blocks' windows are computed twice, so blocks are larger than without pooling.
 POOL_TILE_P = 512
-POOL_OPS = frozenset({"MaxPool", "AveragePool"})
 MAX_POOL_RECOMPUTE = 1.5  # blocks may compute at most this many convolution rows per output row
 
 
@@ -182,12 +182,7 @@ class _Conv:
         rows_per_tile = max(1, TILE_P // ow)
         rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
         pb = min(p, ow * rows_per_tile)
-        mb = max(1, min(mg, TILE_M))
-        tasks = n_img * groups * -(-p // pb)
-        while tasks * -(-mg // mb) < MIN_TASKS and mb > MIN_TILE_M:
-            mb = max(MIN_TILE_M, mb // 2)  # more channel blocks (each redoes its im2col block: cheap)
-        if packed and mb < mg:  # channel blocks start on panel boundaries
-            mb = -(-mb // PACK_NR) * PACK_NR
+        mb = _channel_block(mg, n_img * groups * -(-p // pb), packed)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
         if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
@@ -282,12 +277,7 @@ class _Conv:
             prb = -(-prb // 2)  # enough blocks for every thread
         rows = rows_of(prb)
         pb = rows * ow
-        mb = max(1, min(mg, TILE_M))
-        tasks = n_img * groups * -(-poh // prb)
-        while tasks * -(-mg // mb) < MIN_TASKS and mb > MIN_TILE_M:
-            mb = max(MIN_TILE_M, mb // 2)
-        if packed and mb < mg:
-            mb = -(-mb // PACK_NR) * PACK_NR
+        mb = _channel_block(mg, n_img * groups * -(-poh // prb), packed)
         tiles_m = -(-mg // mb)
         ldc = mb if packed else pb
         # pass 1, per tile element: the pooling op's input (bias, activation...) into pin, [channel x position]
@@ -391,6 +381,18 @@ class _Conv:
         except Misaligned:
             return False
         return True
+
+
+def _channel_block(mg: int, tasks: int, packed: bool) -> int:
+    """Output channels per task: up to TILE_M, halved down to MIN_TILE_M until ``tasks`` blocks of
+    positions times the channel blocks are enough for every thread (each redoes its im2col block:
+    cheap); with packed weights, whole panels."""
+    mb = max(1, min(mg, TILE_M))
+    while tasks * -(-mg // mb) < MIN_TASKS and mb > MIN_TILE_M:
+        mb = max(MIN_TILE_M, mb // 2)
+    if packed and mb < mg:  # channel blocks start on panel boundaries
+        mb = -(-mb // PACK_NR) * PACK_NR
+    return mb
 
 
 def _blocks(k: KernelContext, col_floats: int, tile_floats: int, tiles: int) -> tuple[int, int]:

@@ -335,7 +335,7 @@ class _Gemm:
             comment=c_comment_text(f"horizontal sgemm tiles of {TILE_M}x{TILE_N}, epilogue per tile and output"),
             prologue=self.prologue, epilogue=self.epilogue, segments=[data],
             parallel=data["tiles"] > 1 and 2 * whole.rows * total * whole.k >= PARALLEL_MIN_FLOPS,
-            tile_floats=self._tile_floats(data["mb"] * data["nb"]))
+            tile_floats=self._per_thread_tile(data["mb"] * data["nb"]))
 
     def render_core(self, core: Node, ybuf: str) -> str:
         """Only the product of ``core`` (with Gemm's C term) into the full buffer ``ybuf``."""
@@ -360,9 +360,9 @@ class _Gemm:
             "gemm_epilogue.c.j2",
             comment=c_comment_text(f"sgemm tiles of {TILE_M}x{TILE_N} with the epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, segments=seg_data,
-            parallel=tiles > 1 and flops >= PARALLEL_MIN_FLOPS, tile_floats=self._tile_floats(tile_floats))
+            parallel=tiles > 1 and flops >= PARALLEL_MIN_FLOPS, tile_floats=self._per_thread_tile(tile_floats))
 
-    def _tile_floats(self, floats: int) -> int:
+    def _per_thread_tile(self, floats: int) -> int:
         self.k.per_thread(floats * 4)  # gemm_epilogue.c.j2: each thread's tile
         return floats
 

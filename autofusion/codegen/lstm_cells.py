@@ -62,7 +62,7 @@ def _plain_gemm(g: Graph, node: Node | None) -> bool:
 
 def _step(g: Graph, split: Node, members: set[str]) -> tuple[str, str, _Step] | None:
     """The cell around ``split``: (one Gemm's A, the other's, the step) with h_in/gemm_h undecided."""
-    outs = [o for o in split.outputs]
+    outs = list(split.outputs)
     axis = int(split.attr("axis", 0))
     if len(outs) != 4 or not all(outs) or axis not in (1, -1) or len(g.types[split.inputs[0]].shape) != 2:
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -131,8 +131,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     kernels = render_kernels(plan, templates, registry)
     by_group = {k.group.name: k for k in kernels}
     unique, function = share_kernels(kernels)
-    buffers = plan_buffers(plan, {k.group.name: k.scratch_bytes for k in kernels},
-                           {k.group.name: k.thread_bytes for k in kernels})
+    buffers = kernel_buffers(plan, kernels)
     names = NameTable("t_", reserved=frozenset({"ctx", "ws", "inputs", "outputs", "nt"}))
 
     consts: list[tuple[str, np.ndarray]] = [(t, np.ascontiguousarray(c.array)) for t, c in g.constants.items()]
@@ -192,6 +191,12 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
                          templates.runtime_header(),
                          tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels), function,
                          profile, tuple(str(s["group"]) for s in steps) if profile else ())
+
+
+def kernel_buffers(plan: Plan, kernels: Sequence[KernelSource]) -> BufferPlan:
+    """The buffer plan of ``plan`` given its rendered kernels' scratch and per-thread blocks."""
+    return plan_buffers(plan, {k.group.name: k.scratch_bytes for k in kernels},
+                        {k.group.name: k.thread_bytes for k in kernels})
 
 
 def render_unfused(plan: Plan, templates: TemplateSet | None = None,
