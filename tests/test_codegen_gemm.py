@@ -181,33 +181,46 @@ def test_few_row_products_with_strided_operands_and_batches() -> None:
     check(b.build([y]), {"x": f32(3, 24, 6), "r": f32(3, 6, 70)})
 
 
-def _af_sgemm_library(tmp_path, entry: str):
-    """af_sgemm.c.j2 compiled alone with the project's flags, plus an exported ``run`` entry."""
+def _af_sgemm_library(tmp_path, entry: str, isa: str | None = None):
+    """af_sgemm.c.j2 compiled alone with the project's flags for ``isa`` (default: this CPU's), plus
+    an exported ``run`` entry and ``isa()``; None when this CPU cannot run that instruction set (the
+    library is still compiled: every variant builds on any x86-64 compiler)."""
     import ctypes
     import subprocess
 
     from autofusion.codegen.templates import default_templates
     from autofusion.runtime.toolchain import blas_flags, detect_toolchain
 
-    tc = detect_toolchain()
+    tc = detect_toolchain(isa=isa)
     inc, link = blas_flags()
+    templates = default_templates()
+    (tmp_path / "af_runtime.h").write_text(templates.runtime_header())
     src = tmp_path / "t.c"
-    src.write_text("#include <stdint.h>\n#include <cblas.h>\n" + default_templates().render("af_sgemm.c.j2")
-                   + '\n__attribute__((visibility("default"))) ' + entry)
-    lib = tmp_path / "t.so"
-    subprocess.run([tc.cc, *tc.cflags, *inc, "-shared", "-fPIC", str(src), "-o", str(lib), *link], check=True)
-    return ctypes.CDLL(str(lib)).run
+    src.write_text('#include "af_runtime.h"\n#include <cblas.h>\n' + templates.render("af_sgemm.c.j2")
+                   + '\nAF_API const char* isa(void) { return AF_ISA; }\nAF_API ' + entry)
+    lib = tmp_path / f"t_{tc.isa}.so"
+    subprocess.run([tc.cc, *tc.cflags, *inc, f"-I{tmp_path}", "-shared", "-fPIC", str(src), "-o", str(lib), *link],
+                   check=True)
+    if not tc.runnable:
+        return None
+    dll = ctypes.CDLL(str(lib))
+    dll.isa.restype = ctypes.c_char_p
+    assert dll.isa().decode() == tc.isa  # the variant built is the one asked for
+    return dll.run
 
 
-def test_af_sgemm_small_kernel_against_numpy(tmp_path) -> None:
-    """The few-row kernel itself: every row count up to 8, column counts around the block width,
-    leading dimensions wider than the operands, alpha."""
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
+def test_af_sgemm_small_kernel_against_numpy(tmp_path, isa: str) -> None:
+    """The few-row kernel itself, for each vector width: every row count up to 8, column counts
+    around the block width, leading dimensions wider than the operands, alpha."""
     import ctypes
 
     run = _af_sgemm_library(tmp_path, """void run(int m, int n, int k, float alpha, const float* a, int lda,
                                                   const float* b, int ldb, float* c, int ldc) {
     af_sgemm(CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc);
-}""")
+}""", isa)
+    if run is None:
+        return  # compiled; this CPU cannot run it
     ptr = ctypes.POINTER(ctypes.c_float)
     for m in range(1, 10):
         for n, k in ((1, 3), (63, 17), (64, 64), (100, 33), (257, 70)):
@@ -219,38 +232,81 @@ def test_af_sgemm_small_kernel_against_numpy(tmp_path) -> None:
             assert np.isnan(c[:, n:]).all()
 
 
+PACKED_ENTRY = """void run(int m, int n, int k, int kc, float alpha, const float* a, int64_t ars,
+                             int64_t aps, const float* w, float* c, int ldc) {
+    af_sgemm_packed(m, n, k, kc, alpha, a, ars, aps, w, c, ldc);
+}"""
+
+
+def _packed_runner(tmp_path, isa: str | None = None):
+    import ctypes
+
+    run = _af_sgemm_library(tmp_path, PACKED_ENTRY, isa)
+    if run is not None:
+        ptr = ctypes.POINTER(ctypes.c_float)
+        i32, i64 = ctypes.c_int, ctypes.c_int64
+        run.argtypes = [i32, i32, i32, i32, ctypes.c_float, ptr, i64, i64, ptr, ptr, i32]
+    return run
+
+
+def _check_packed(run, m: int, n: int, k: int, kc: int, transposed: bool, alpha: float = 0.5) -> None:
+    """One call against numpy: A plain (lda = k + 3) or transposed, ldc = n + 2 (the last columns
+    stay untouched)."""
+    import ctypes
+
+    from autofusion.codegen.gemm import PACK_NR, pack_weights
+
+    ptr = ctypes.POINTER(ctypes.c_float)
+    w = f32(k, n)
+    packed = pack_weights(w)
+    assert packed.shape == (-(-n // PACK_NR), k, PACK_NR)
+    a = f32(k, m + 2) if transposed else f32(m, k + 3)
+    a_mk = a[:, :m].T if transposed else a[:, :k]
+    ars, aps = (1, m + 2) if transposed else (k + 3, 1)
+    c = np.full((m, n + 2), np.nan, np.float32)
+    run(m, n, k, kc, alpha, a.ctypes.data_as(ptr), ars, aps, packed.ctypes.data_as(ptr), c.ctypes.data_as(ptr), n + 2)
+    np.testing.assert_allclose(c[:, :n], alpha * a_mk @ w, rtol=1e-4, atol=1e-4 * max(1.0, k ** 0.5 / 4),
+                               err_msg=f"m={m} n={n} k={k} kc={kc} transposed={transposed}")
+    assert np.isnan(c[:, n:]).all()
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "avx", "portable"])
+def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
+    """Each instruction set's af_sgemm_packed (12 x 32 AVX-512, 6 x 16 AVX2 and AVX, 6 x 8 portable),
+    built for that ISA, against numpy: rows around every micro-kernel's row block (1, 5-7, 11-13,
+    odd primes, a few hundred), columns around its slice and the 32-column panel, K around and
+    across the passes of kc, A plain and transposed. A variant this CPU cannot run is compiled only."""
+    run = _packed_runner(tmp_path, isa)
+    if run is None:
+        from autofusion.runtime.toolchain import detect_toolchain
+
+        assert not detect_toolchain(isa=isa).runnable  # compiled above; this CPU lacks the instructions
+        return
+    for m in (1, 5, 6, 7, 11, 12, 13, 31, 300):
+        for n in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 97, 300):
+            _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1)
+    for k in (1, 2, 7, 127, 128, 129, 257, 600):
+        for kc in (128, 256, 1024):
+            _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5)
+
+
 def test_af_sgemm_packed_reads_the_layout_pack_weights_writes(tmp_path) -> None:
     """af_sgemm_packed on weights packed by pack_weights: row counts around the 12-row block, columns
     around the 32-column panel, K over several passes, A plain or transposed, ldc wider than N, a
     call that starts at a later panel (column n0 at w + n0 * K)."""
     import ctypes
 
-    from autofusion.codegen.gemm import PACK_NR, pack_weights
+    from autofusion.codegen.gemm import pack_weights
 
-    run = _af_sgemm_library(tmp_path, """void run(int m, int n, int k, float alpha, const float* a, int64_t ars,
-                                                  int64_t aps, const float* w, float* c, int ldc) {
-    af_sgemm_packed(m, n, k, alpha, a, ars, aps, w, c, ldc);
-}""")
+    run = _packed_runner(tmp_path)
     ptr = ctypes.POINTER(ctypes.c_float)
-    i32, i64 = ctypes.c_int, ctypes.c_int64
-    run.argtypes = [i32, i32, i32, ctypes.c_float, ptr, i64, i64, ptr, ptr, i32]
     for m, n, k in ((1, 1, 3), (5, 31, 17), (12, 32, 64), (13, 33, 513), (25, 100, 1030), (3, 257, 7)):
-        w = f32(k, n)
-        packed = pack_weights(w)
-        assert packed.shape == (-(-n // PACK_NR), k, PACK_NR)
         for transposed in (False, True):
-            a = f32(k, m + 2) if transposed else f32(m, k + 3)
-            a_mk = a[:, :m].T if transposed else a[:, :k]
-            ars, aps = (1, m + 2) if transposed else (k + 3, 1)
-            c = np.full((m, n + 2), np.nan, np.float32)
-            run(m, n, k, 0.5, a.ctypes.data_as(ptr), ars, aps, packed.ctypes.data_as(ptr),
-                c.ctypes.data_as(ptr), n + 2)
-            np.testing.assert_allclose(c[:, :n], 0.5 * a_mk @ w, rtol=1e-4, atol=1e-4)
-            assert np.isnan(c[:, n:]).all()
+            _check_packed(run, m, n, k, 512, transposed)
     m, n, k, n0 = 4, 100, 40, 64  # columns 64.. of W: the third panel on
     w, a = f32(k, n), f32(m, k)
     packed = pack_weights(w)
     c = np.zeros((m, n - n0), np.float32)
-    run(m, n - n0, k, 1.0, a.ctypes.data_as(ptr), k, 1,
+    run(m, n - n0, k, 512, 1.0, a.ctypes.data_as(ptr), k, 1,
         packed.reshape(-1)[n0 * k:].ctypes.data_as(ptr), c.ctypes.data_as(ptr), n - n0)
     np.testing.assert_allclose(c, a @ w[:, n0:], rtol=1e-4, atol=1e-4)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from autofusion.codegen import TemplateSet, render_group, render_plan
+from autofusion.codegen.cores import DefaultChooser, Machine
 from autofusion.decide import build_groups
 from autofusion.decide.plan import ZERO_COST, Plan, RuleRef
 from autofusion.ir import Graph, GraphBuilder
@@ -83,6 +84,9 @@ CASES: dict[str, Callable[[], tuple[Graph, str]]] = {
 }
 
 
+GOLDEN_MACHINE = Machine("avx512", l1d=48 * 1024, l2=2 * 1024 * 1024)
+
+
 def one_group(g: Graph, template: str) -> Plan:
     rules = (RuleRef(f"fuse_{template}", "rules/example.fuse", 7),)
     groups = build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: template,
@@ -94,7 +98,8 @@ def one_group(g: Graph, template: str) -> Plan:
 def test_rendered_kernel_matches_snapshot(name: str) -> None:
     g, template = CASES[name]()
     plan = one_group(g, template)
-    kernel = render_group(g, plan.groups[0], TemplateSet())
+    # a fixed machine: the default blocking follows the L1 data cache, which differs between CPUs
+    kernel = render_group(g, plan.groups[0], TemplateSet(), chooser=DefaultChooser(GOLDEN_MACHINE))
     assert kernel is not None
     path = GOLDEN / name
     if UPDATE or not path.exists():

@@ -161,8 +161,16 @@ def machine_info() -> dict[str, Any]:
     """The facts a reader needs to weigh the numbers: CPU, cores, versions."""
     import numpy as np
 
+    from autofusion.codegen.cores import cache_sizes, cpu_model, native_isa
+
+    l1d, l2 = cache_sizes()
     info: dict[str, Any] = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
+        "isa": native_isa(),
+        "l1d_bytes": l1d,
+        "l2_bytes": l2,
+        "kernels_built_for": os.environ.get("AUTOFUSION_ISA") or native_isa(),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "cpus_usable": cpu_count(),
         "cpus_total": os.cpu_count(),
         "platform": platform.platform(),
@@ -174,16 +182,6 @@ def machine_info() -> dict[str, Any]:
         if mod is not None:
             info[module] = getattr(mod, "__version__", "?")
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @contextmanager

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 from autofusion.cli.cmd_fuse import add_plan_arguments, make_plan
 from autofusion.cli.common import CliError, Output, error, human_bytes, positive_int
+from autofusion.cli.tuning_args import add_tune_argument, tune_progress, tune_wanted
 
 EXIT_MISMATCH = 1  # outputs that differ from the reference are a bug somewhere: never a quiet success
 
@@ -45,6 +47,7 @@ def add_parser(subparsers: Any) -> None:
                         "start; the runtimes' thread pools then share the machine)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_tune_argument(p)
     p.set_defaults(func=run)
 
 
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     names, left_out = selected_runners(args)
     limit_threads(args.threads)  # before any runtime starts its thread pool
     loaded, plan = make_plan(args)
+    tuning = pretune(plan, args)
     registry = registry_with_plugins()
     feeds = random_inputs(loaded.graph, seed=args.seed)
     setup = BenchSetup(loaded.graph, plan, feeds, args.threads, registry)
@@ -111,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "plan": {k: summary[k] for k in ("kernels_before", "kernels_after", "intermediate_bytes_before",
                                          "intermediate_bytes_after", "seconds")},
         "machine": machine_info(),
+        "tuning": tuning,
     }
     data = to_json(result, meta)
     data["skipped"] = {**data["skipped"], **left_out}
@@ -120,6 +125,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_tables(out, loaded.source, data)
     return _verdict(data)
+
+
+def pretune(plan: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Tune the plan's cores once, here, before any runner is timed (the runners' processes then
+    find them in the cache); with --no-tune, every process takes the untuned default."""
+    import os
+
+    from autofusion.runtime import CompiledModel, CompileError
+
+    if not tune_wanted(args):
+        os.environ["AUTOFUSION_TUNE"] = "0"  # the runners' worker processes inherit it
+        return {"tuned": False}
+    t0 = time.perf_counter()
+    try:
+        with tune_progress() as progress:
+            model = CompiledModel(plan, threads=args.threads, tune=True, progress=progress)
+    except CompileError as e:
+        raise CliError(str(e)) from None
+    tuner = model.chooser
+    return {"tuned": True, "seconds": round(time.perf_counter() - t0, 3),
+            "cores_measured": getattr(tuner, "tuned", 0),
+            "cores": sorted({f"{s.describe()}: {c.label(model.machine)}" for k in model.source.kernels
+                             for s, c in k.cores})}
 
 
 def _verdict(data: dict[str, Any]) -> int:
@@ -175,6 +203,12 @@ def _print_tables(out: Output, source: str, data: dict[str, Any]) -> None:
         out.line(f"fused max |error| against the reference: {data['max_abs_error']:.3g}")
     for name, reason in data["skipped"].items():
         out.line(f"skipped {name}: {reason}")
+    tuning = data.get("tuning") or {}
+    if tuning.get("tuned"):
+        out.line(f"cores tuned on this machine ({tuning['cores_measured']} measured now, "
+                 f"{tuning['seconds']:.1f} s with compiling): " + "; ".join(tuning["cores"]))
+    elif tuning:
+        out.line("cores: untuned defaults (--no-tune)")
     out.line(f"load average before/after: {data['load_average_before']} / {data['load_average_after']}")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.cli.common import CliError, Output, add_model_arguments, json_number, load_model
+from autofusion.cli.tuning_args import add_tune_argument, tune_progress, tune_wanted
 from autofusion.ir import Graph
 
 BACKENDS = ("reference", "c", "c-unfused")
@@ -35,7 +36,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--profile", action="store_true",
                    help="with --backend c: build the SuperKernel with a clock around every kernel, run it "
-                        "5 more times and list the kernels by their median time")
+                        "5 more times and list the kernels by their median time and the core each ran")
+    add_tune_argument(p)
     p.set_defaults(func=run)
 
 
@@ -142,9 +144,9 @@ def run(args: argparse.Namespace) -> int:
         top = profile[:PROFILE_ROWS]
         out.table(f"kernels by time (medians of {PROFILE_RUNS} runs after the first; {len(top)} of {len(profile)}, "
                   f"{total:.1f} ms in all)",
-                  ("kernel", "template", "nodes", "ms", "share"),
-                  [(k["kernel"], k["template"], str(k["nodes"]), f"{k['ms']:.3f}", f"{100 * k['ms'] / total:.1f}%")
-                   for k in top])
+                  ("kernel", "template", "nodes", "ms", "share", "core"),
+                  [(k["kernel"], k["template"], str(k["nodes"]), f"{k['ms']:.3f}", f"{100 * k['ms'] / total:.1f}%",
+                    ", ".join(k["cores"]) or "-") for k in top])
     if saved:
         out.line(f"saved: {saved}")
     return 0
@@ -165,9 +167,11 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
         if args.backend == "c":
             from autofusion.api import optimize
 
-            model: Any = CompiledModel(optimize(graph), profile=args.profile)
+            plan = optimize(graph)
+            with tune_progress() as progress:
+                model: Any = CompiledModel(plan, profile=args.profile, tune=tune_wanted(args), progress=progress)
         else:
-            model = UnfusedRunner(graph)
+            model = UnfusedRunner(graph, tune=tune_wanted(args))
         start = time.perf_counter()
         outputs = dict(model.run(feeds))
     except CompileError as e:
@@ -176,8 +180,9 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
         return outputs, start, None
     samples = model.step_samples(feeds, PROFILE_RUNS)  # after the first run: its page faults are not the kernels'
     groups = {g.name: g for g in model.plan.groups}
+    cores = {k.group.name: sorted({c.label(model.machine) for _, c in k.cores}) for k in model.source.kernels}
     rows = [{"kernel": name, "template": groups[name].template, "nodes": len(groups[name].nodes),
-             "ms": statistics.median(times) * 1e3} for name, times in samples.items()]
+             "ms": statistics.median(times) * 1e3, "cores": cores.get(name, [])} for name, times in samples.items()]
     return outputs, start, sorted(rows, key=lambda r: -r["ms"])
 
 

@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "autofusion.cli.cmd_plugins",
     "autofusion.cli.cmd_calibrate",
     "autofusion.cli.cmd_bench",
+    "autofusion.cli.cmd_bench_cores",
     "autofusion.cli.cmd_fuzz",
 )
 

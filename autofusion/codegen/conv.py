@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from autofusion.codegen import index as ix
+from autofusion.codegen.cores import CoreSpec
 from autofusion.codegen.gemm import PACK_NR, PACKED_MIN_COLUMNS, pack_weights
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
@@ -139,10 +140,16 @@ class _Conv:
             self.non_core = self.non_core - {bn.name}
             y = bn.outputs[0]
         # depthwise and other narrow groups stay on sgemm: their panels would be mostly padding
-        packed = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
+        packable = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
+        geometry = (tuple(xs), tuple(ws), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
+                    tuple(win.dilations), (groups,))
+        choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry))
+        packed, self.k_pass = choice.packed, choice.kc
         if packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             w_ptr = k.derived_constant(f"{core.name}_packed", np.concatenate(
                 [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), groups)]))
+        elif bn is not None and weight is not None:  # the folded weights, as sgemm reads them
+            w_ptr = k.derived_constant(f"{core.name}_folded", np.asarray(weight, np.float32))
         else:
             w_ptr = self._buffer(w_t)
         self.y = y
@@ -218,7 +225,7 @@ class _Conv:
         col_bytes, tile_bytes = _blocks(k, kc * pb if im2col and shared_col is None else 0, tile_floats, 1)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         return k.templates.render(
-            "conv_epilogue.c.j2",
+            "conv_epilogue.c.j2", k_pass=self.k_pass,
             comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if im2col else 'no'}; epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, parallel=parallel, shared_col=shared_col,
@@ -308,7 +315,7 @@ class _Conv:
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
         col_bytes, tile_bytes = _blocks(k, geo["kc"] * pb if geo["im2col"] else 0, mb * pb, 2)  # tile and pin
         return k.templates.render(
-            "conv_epilogue.c.j2",
+            "conv_epilogue.c.j2", k_pass=self.k_pass,
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if geo['im2col'] else 'no'}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),

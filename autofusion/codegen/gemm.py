@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.codegen import index as ix
+from autofusion.codegen.cores import CoreSpec
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
@@ -95,6 +96,8 @@ class _Segment:
     ybuf: str = ""  # full buffer holding Y (an output, or scratch when late outputs need it)
     weight: np.ndarray | None = None  # B as a constant [K, N] weight: packed into column panels at build time
     weight_label: str = ""
+    merged: bool = False  # the columns of several cores' products (horizontal GEMM)
+    unpacked: np.ndarray | None = None  # merged constant weights concatenated, for sgemm (not packed)
 
     @property
     def rows(self) -> int:
@@ -317,6 +320,7 @@ class _Gemm:
                                                                    first.b.strides, first.b.offset),
                          first.alpha, "", 1.0, first.drop_m, False, first.batch, first.flat, first.row_stride_a)
         weights = [s.weight for s in segments if s.weight is not None]
+        whole.merged = True
         if len(weights) == len(segments):
             whole.weight, whole.weight_label = np.concatenate(weights, axis=1), "weights_cat_packed"
         for s in segments:
@@ -386,6 +390,7 @@ class _Gemm:
         m_total = seg.rows
         n, kk = seg.n, seg.k
         n_batch = seg.calls
+        kc = self._choose_core(seg)
         mb = max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
         row_tiles = n_batch * -(-m_total // mb)
         nb = _packed_column_block(n, row_tiles) if seg.weight is not None else _column_block(n, row_tiles)
@@ -423,6 +428,9 @@ class _Gemm:
         if weight is not None:  # tiles start on panel boundaries: column n0 of the packed weight is at n0 * K
             assert tiles_n == 1 or nb % PACK_NR == 0, (n, nb)
             b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(weight))} + {ix.mul('n0', kk)}"
+        elif seg.unpacked is not None:  # constant weights of several cores, side by side, for sgemm
+            tb, ldb = False, n
+            b_ptr = f"{self.k.derived_constant(seg.weight_label, seg.unpacked)} + n0"
         if seg.ybuf:
             c_ptr, ldc = f"{seg.ybuf} + {ix.paren(ix.add(y_batch, ix.add(ix.mul('m0', n), 'n0')))}", n
         else:
@@ -438,10 +446,22 @@ class _Gemm:
             "tiles": n_batch * tiles_m * tiles_n, "tiles_m": tiles_m, "tiles_n": tiles_n, "mb": mb, "nb": nb,
             "m": m_total, "n": n, "k": kk, "alpha": literal(seg.alpha, DType.FLOAT32),
             "ta": "CblasTrans" if ta else "CblasNoTrans", "tb": "CblasTrans" if tb else "CblasNoTrans",
-            "packed": packed, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
+            "packed": packed, "k_pass": kc, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
             "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
         }
+
+    def _choose_core(self, seg: _Segment) -> int:
+        """Ask the chooser how to compute the product (codegen/cores.py); K per pass when packed.
+        A constant weight left to sgemm stays unpacked (concatenated when several cores share A)."""
+        spec = CoreSpec("gemm", seg.rows, seg.n, seg.k, packable=seg.weight is not None, calls=seg.calls)
+        choice = self.k.core(spec)
+        if choice.packed or seg.weight is None:
+            return choice.kc
+        if seg.merged:  # several weights: B is their concatenation, not one buffer
+            seg.unpacked, seg.weight_label = np.ascontiguousarray(seg.weight), "weights_cat"
+        seg.weight = None
+        return 0
 
     def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, direct: bool) -> dict[str, object]:
         """The epilogue of ``seg`` on columns [offset, offset + N) of the tile."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autofusion.codegen.cores import CoreChoice, CoreChooser, CoreSpec, DefaultChooser
 from autofusion.codegen.ctype import ctype, literal
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.names import NameTable, c_comment_text
@@ -40,6 +41,7 @@ class KernelSource:
     derived: tuple[tuple[str, np.ndarray], ...] = ()  # (param ident, array) of derived constants
     uses_blas: bool = False
     thread_bytes: int = 0  # blocks each thread allocates while the kernel runs (im2col, tiles, rows)
+    cores: tuple[tuple[CoreSpec, CoreChoice], ...] = ()  # its matrix products and how each is computed
 
     def signature_args(self) -> str:
         return ", ".join(p.ident for p in self.params)
@@ -59,7 +61,17 @@ class KernelContext:
     scratch_bytes: int = 0
     thread_bytes: int = 0
     uses_blas: bool = False
+    chooser: CoreChooser = field(default_factory=DefaultChooser)
+    cores: list[tuple[CoreSpec, CoreChoice]] = field(default_factory=list)
     _counter: int = 0
+
+    def core(self, spec: CoreSpec) -> CoreChoice:
+        """How to compute the product ``spec`` (the chooser's answer), recorded for the kernel."""
+        choice = self.chooser.choose(spec)
+        if choice.packed and not spec.packable:
+            raise self.error(f"core {spec.describe()} cannot run the packed kernel (its weight is not constant)")
+        self.cores.append((spec, choice))
+        return choice
 
     # -- tensors ----------------------------------------------------------------------------------
 

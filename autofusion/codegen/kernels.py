@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autofusion.codegen.cores import CoreChooser
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.kernel import KernelContext, KernelSource, group_comment, group_error
 from autofusion.codegen.loopnest import LoopNest, op_handlers
@@ -24,8 +25,9 @@ def kernel_name(group: FusedGroup) -> str:
 
 
 def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
-                 registry: OpRegistry | None = None) -> KernelSource | None:
-    """The kernel of ``group``; None for a view group (it only aliases a buffer)."""
+                 registry: OpRegistry | None = None, chooser: CoreChooser | None = None) -> KernelSource | None:
+    """The kernel of ``group``; None for a view group (it only aliases a buffer). ``chooser``
+    decides how its matrix products run (default: untuned, from what this machine reports)."""
     registry = registry or default_registry()
     if group.template not in TEMPLATES:
         raise group_error(group, f"unknown template {group.template!r}; the C backend has "
@@ -40,13 +42,16 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
             raise group_error(group, "a view group may hold only view ops", bad[0])
         return None
     k = KernelContext(graph, registry, group, templates)
+    if chooser is not None:
+        k.chooser = chooser
     body = _render_body(k, nodes)
     name = kernel_name(group)
     params = k.params()
     code = templates.render("kernel.c.j2", comment=group_comment(graph, group), name=name, params=params,
                             body=body.splitlines())
     return KernelSource(name, group, code, params, k.scratch_bytes,
-                        tuple((ident, arr) for _, ident, arr in k.derived), k.uses_blas, k.thread_bytes)
+                        tuple((ident, arr) for _, ident, arr in k.derived), k.uses_blas, k.thread_bytes,
+                        tuple(k.cores))
 
 
 def _render_body(k: KernelContext, nodes: list[Node]) -> str:

@@ -224,6 +224,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
         comment=c_comment_text(f"LSTM cell over {len(steps)} steps: batch {batch}, input {d}, hidden {hidden}; "
                                f"gates interleaved {UNITS} hidden units per {PACK_NR}-column panel"),
         steps=len(steps), batch=batch, d=d, hidden=hidden, k=kk, panels=panels, units=UNITS, nr=PACK_NR,
+        kc=k.chooser.machine.default_kc(),
         xs=[i[0] for i in inputs if i is not None], x_strides=[i[1] for i in inputs if i is not None],
         h_out=[k.pointer(s.h_out) if s.h_out in outputs else "NULL" for s in steps],
         c_out=[k.pointer(s.c_out) if s.c_out in outputs else "NULL" for s in steps],

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autofusion.codegen.buffers import BufferPlan, plan_buffers
+from autofusion.codegen.cores import CoreChooser
 from autofusion.codegen.kernel import KernelSource, group_comment
 from autofusion.codegen.kernels import render_group
 from autofusion.codegen.names import NameTable, c_comment_text
@@ -55,10 +56,11 @@ class LibrarySource:
         return "\n".join(f"// ---- {name}\n{text}" for name, text in self.units)
 
 
-def render_kernels(plan: Plan, templates: TemplateSet, registry: OpRegistry) -> list[KernelSource]:
+def render_kernels(plan: Plan, templates: TemplateSet, registry: OpRegistry,
+                   chooser: CoreChooser | None = None) -> list[KernelSource]:
     out = []
     for group in plan.groups:
-        k = render_group(plan.graph, group, templates, registry)
+        k = render_group(plan.graph, group, templates, registry, chooser)
         if k is not None:
             out.append(k)
     return out
@@ -122,13 +124,14 @@ def _units(title: str, kernels: list[KernelSource], templates: TemplateSet, expo
 
 
 def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRegistry | None = None,
-                profile: bool = False) -> LibrarySource:
+                profile: bool = False, chooser: CoreChooser | None = None) -> LibrarySource:
     """The SuperKernel of ``plan``: kernel units plus a main unit with ``af_run``. With ``profile``,
-    ``af_run`` also clocks each group's step and ``af_profile`` returns the seconds of the last run."""
+    ``af_run`` also clocks each group's step and ``af_profile`` returns the seconds of the last run.
+    ``chooser`` decides how each matrix product runs (codegen/cores.py; default: untuned)."""
     templates = templates or default_templates()
     registry = registry or default_registry()
     g = plan.graph
-    kernels = render_kernels(plan, templates, registry)
+    kernels = render_kernels(plan, templates, registry, chooser)
     by_group = {k.group.name: k for k in kernels}
     unique, function = share_kernels(kernels)
     buffers = kernel_buffers(plan, kernels)
@@ -200,11 +203,11 @@ def kernel_buffers(plan: Plan, kernels: Sequence[KernelSource]) -> BufferPlan:
 
 
 def render_unfused(plan: Plan, templates: TemplateSet | None = None,
-                   registry: OpRegistry | None = None) -> LibrarySource:
+                   registry: OpRegistry | None = None, chooser: CoreChooser | None = None) -> LibrarySource:
     """Every kernel of ``plan`` exported as ``af_call_<name>(args, scratch, nthreads)``."""
     templates = templates or default_templates()
     registry = registry or default_registry()
-    kernels = render_kernels(plan, templates, registry)
+    kernels = render_kernels(plan, templates, registry, chooser)
     unique, function = share_kernels(kernels)
     title = f"autofusion kernels of {plan.graph.name!r}, one entry per distinct kernel"
     units = _units(title, unique, templates, exported=True, prefix="ops_")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autofusion.codegen.cores import CoreChooser, DefaultChooser, Machine, this_machine
 from autofusion.codegen.superkernel import LibrarySource, render_plan
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import Plan
@@ -22,7 +23,8 @@ from autofusion.runtime.loader import (
     load_library,
     pointer_array,
 )
-from autofusion.runtime.toolchain import Toolchain
+from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
+from autofusion.runtime.tuning import Progress, Tuner, render_tuned, tune_by_default
 
 
 class CompiledModel:
@@ -33,17 +35,29 @@ class CompiledModel:
 
     Weights are handed to the library once, at load; each run passes only the input, output and
     workspace pointers. Not safe for concurrent ``run`` calls on one instance (one workspace).
+
+    Matrix products run the core the tuner measured fastest on this machine for their shape
+    (runtime/tuning.py, cached per machine); ``tune=False`` (or ``$AUTOFUSION_TUNE=0``) takes the
+    untuned default instead, deterministically; ``cores`` hands in a chooser of one's own.
     """
 
     def __init__(self, plan: Plan, threads: int | None = None, cache: CompileCache | str | Path | None = None,
                  toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
-                 profile: bool = False) -> None:
+                 profile: bool = False, tune: bool | None = None, cores: CoreChooser | None = None,
+                 progress: Progress | None = None) -> None:
         self.plan = plan
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
-        self.source: LibrarySource = render_plan(plan, templates, profile=profile)
-        self.library_path = compile_library(self.source, toolchain, self.cache)
+        tc = runnable_toolchain(toolchain)
+        self.chooser = cores or core_chooser(tc, self.cache, self.threads, tune, progress)
+        if isinstance(self.chooser, Tuner):
+            self.source: LibrarySource = render_tuned(
+                self.chooser, lambda chooser: render_plan(plan, templates, profile=profile, chooser=chooser))
+        else:
+            self.source = render_plan(plan, templates, profile=profile, chooser=self.chooser)
+        self.library_path = compile_library(self.source, tc, self.cache)
         lib = load_library(self.library_path)
+        self.machine = library_machine(lib, self.chooser.machine)
         lib.af_create.restype = ctypes.c_void_p
         lib.af_create.argtypes = [ctypes.c_void_p]
         lib.af_destroy.argtypes = [ctypes.c_void_p]
@@ -103,3 +117,35 @@ class CompiledModel:
         for (name, _, _), arr in zip(self._out_specs, outputs):
             result.setdefault(name, arr)
         return result
+
+
+def runnable_toolchain(toolchain: Toolchain | None) -> Toolchain:
+    """``toolchain`` (default: detected), refused when this CPU cannot run what it builds."""
+    tc = toolchain or detect_toolchain()
+    if not tc.runnable:
+        raise CompileError(f"this CPU cannot run code built for {tc.isa} (AUTOFUSION_ISA={tc.isa}); such a "
+                           "library can be compiled (autofusion fuse --emit) but not loaded here")
+    return tc
+
+
+def core_chooser(toolchain: Toolchain, cache: CompileCache, threads: int, tune: bool | None = None,
+                 progress: Progress | None = None) -> CoreChooser:
+    """The tuner (``tune``, default ``$AUTOFUSION_TUNE`` or on) or the untuned default chooser."""
+    machine = this_machine(toolchain.isa)
+    if not (tune_by_default() if tune is None else tune):
+        return DefaultChooser(machine)
+
+    def build(plan: Plan, chooser: CoreChooser) -> CompiledModel:
+        return CompiledModel(plan, threads=threads, cache=cache, toolchain=toolchain, cores=chooser)
+
+    return Tuner(toolchain, cache, threads, build, machine, progress)
+
+
+def library_machine(lib: ctypes.CDLL, expected: Machine) -> Machine:
+    """The machine the library's cores were built for, as the library itself reports it."""
+    try:
+        lib.af_isa.restype = ctypes.c_char_p
+        isa = lib.af_isa().decode()
+    except AttributeError:
+        return expected
+    return expected if isa == expected.isa else Machine(isa, expected.l1d, expected.l2)

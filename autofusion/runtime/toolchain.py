@@ -3,6 +3,11 @@
 Flags the compiler rejects (``-march=native`` on some compilers, ``-fopenmp`` without libgomp)
 are dropped after a probe compile, so generated code still builds (single-threaded) anywhere a C
 compiler exists.
+
+The instruction set the code targets (and so the GEMM micro-kernel, autofusion/codegen/cores.py)
+is the CPU's own by default; ``isa=`` or ``$AUTOFUSION_ISA`` (avx512, avx2, avx, portable) builds
+for another class of x86-64 CPU instead, e.g. the AVX2 kernels on an AVX-512 machine. A library
+built for an instruction set this CPU lacks compiles but is refused at load (``runnable``).
 """
 
 from __future__ import annotations
@@ -17,9 +22,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from autofusion.codegen.cores import ISAS, cpu_flags, native_isa
+
 
 class CompileError(RuntimeError):
     """The C compiler is missing or rejected generated code; the message says which file and why."""
+
+
+# -march for each instruction set when it is not the CPU's own (a class of CPUs that has it)
+ISA_MARCH = {"avx512": "-march=skylake-avx512", "avx2": "-march=haswell", "avx": "-march=sandybridge",
+             "portable": "-march=x86-64"}
+ISA_NEEDS = {"avx512": frozenset({"avx512f"}), "avx2": frozenset({"avx2", "fma"}), "avx": frozenset({"avx"}),
+             "portable": frozenset()}
 
 
 _PROBE = """
@@ -45,6 +59,12 @@ class Toolchain:
     cflags: tuple[str, ...]
     ldflags: tuple[str, ...]
     openmp: bool
+    isa: str = "portable"  # the instruction set the code is built for
+
+    @property
+    def runnable(self) -> bool:
+        """Whether this CPU can run code built for ``isa``."""
+        return self.isa == "portable" or ISA_NEEDS[self.isa] <= cpu_flags()
 
     @functools.cached_property
     def key(self) -> str:
@@ -88,10 +108,29 @@ def compiler_name() -> str:
     return os.environ.get("CC", "cc")
 
 
-@functools.lru_cache(maxsize=8)
-def detect_toolchain(cc: str | None = None, opt: str = "-O3") -> Toolchain:
-    """The compiler ``cc`` (default ``$CC`` or ``cc``) with the best flags it accepts."""
-    name = cc or compiler_name()
+def requested_isa(isa: str | None = None) -> str:
+    """``isa``, else ``$AUTOFUSION_ISA``, else the best instruction set this CPU runs."""
+    wanted = (isa or os.environ.get("AUTOFUSION_ISA") or "").strip().lower() or native_isa()
+    if wanted not in ISAS:
+        raise CompileError(f"unknown instruction set {wanted!r} (AUTOFUSION_ISA or isa=); one of {', '.join(ISAS)}")
+    return wanted
+
+
+def _march(isa: str) -> str:
+    """-march=native for the CPU's own instruction set (tuned for it), else the class's -march."""
+    if platform.machine() not in ("x86_64", "AMD64", "i686", "i386"):
+        return "-march=native" if isa == native_isa() else ""
+    return "-march=native" if isa == native_isa() else ISA_MARCH[isa]
+
+
+def detect_toolchain(cc: str | None = None, opt: str = "-O3", isa: str | None = None) -> Toolchain:
+    """The compiler ``cc`` (default ``$CC`` or ``cc``) with the best flags it accepts, building for
+    ``isa`` (default: ``$AUTOFUSION_ISA`` or this CPU's)."""
+    return _detect_toolchain(cc or compiler_name(), opt, requested_isa(isa))
+
+
+@functools.lru_cache(maxsize=16)
+def _detect_toolchain(name: str, opt: str, isa: str) -> Toolchain:
     path = shutil.which(name)
     if path is None:
         raise CompileError(f"C compiler {name!r} not found; install gcc or clang, or set CC to a C compiler")
@@ -103,10 +142,13 @@ def detect_toolchain(cc: str | None = None, opt: str = "-O3") -> Toolchain:
     base = [opt, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
     with tempfile.TemporaryDirectory(prefix="autofusion-probe-") as tmp:
         workdir = Path(tmp)
-        for extra, omp in ((["-march=native", "-fopenmp"], True), (["-fopenmp"], True),
-                           (["-march=native", "-fopenmp-simd"], False), (["-fopenmp-simd"], False), ([], False)):
+        march = [m for m in (_march(isa),) if m]
+        for extra, omp in (([*march, "-fopenmp"], True), (["-fopenmp"], True),
+                           ([*march, "-fopenmp-simd"], False), (["-fopenmp-simd"], False), ([], False)):
             if _works(path, base + extra, workdir):
                 flags = base + extra
+                # without the -march flag the compiler targets its baseline: the portable kernels
+                built_for = isa if march and march[0] in flags else "portable"
                 return Toolchain(path, version.splitlines()[0] if version else "", tuple(flags),
-                                 ("-fopenmp",) if omp else (), omp)
+                                 ("-fopenmp",) if omp else (), omp, built_for)
     raise CompileError(f"C compiler {path!r} cannot build a shared library with flags {' '.join(base)}")

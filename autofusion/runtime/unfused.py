@@ -31,7 +31,9 @@ from autofusion.runtime.loader import (
     load_library,
     pointer_array,
 )
+from autofusion.runtime.model import core_chooser, runnable_toolchain
 from autofusion.runtime.toolchain import Toolchain
+from autofusion.runtime.tuning import Tuner, render_tuned
 
 
 @dataclass
@@ -47,13 +49,19 @@ class UnfusedRunner:
 
     def __init__(self, graph: Graph, threads: int | None = None, cache: CompileCache | str | Path | None = None,
                  toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
-                 plan: Plan | None = None) -> None:
+                 plan: Plan | None = None, tune: bool | None = None) -> None:
         self.graph = plan.graph if plan is not None else graph  # a plan may hold a rewritten graph
         self.plan = plan or unfused_plan(graph)
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
-        self.source = render_unfused(self.plan, templates)
-        self.library_path = compile_library(self.source, toolchain, self.cache)
+        tc = runnable_toolchain(toolchain)
+        chooser = core_chooser(tc, self.cache, self.threads, tune)
+        plan_ = self.plan
+        if isinstance(chooser, Tuner):
+            self.source = render_tuned(chooser, lambda c: render_unfused(plan_, templates, chooser=c))
+        else:
+            self.source = render_unfused(plan_, templates, chooser=chooser)
+        self.library_path = compile_library(self.source, tc, self.cache)
         lib = load_library(self.library_path)
         kernels = {k.group.name: k for k in self.source.kernels}
         self._steps: list[_Step] = []

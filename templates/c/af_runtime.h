@@ -17,6 +17,18 @@
 #include <omp.h>
 #endif
 
+/* the instruction set this library is built for (AF_ISA, af_isa()): it picks the GEMM micro-kernels
+   of af_sgemm.c.j2; autofusion/codegen/cores.py names the same four */
+#if defined(__AVX512F__)
+#define AF_ISA "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define AF_ISA "avx2"
+#elif defined(__AVX__)
+#define AF_ISA "avx"
+#else
+#define AF_ISA "portable"
+#endif
+
 #define AF_API __attribute__((visibility("default")))
 #define AF_INTERNAL __attribute__((visibility("hidden")))
 /* GCC 12 at -O3 -mavx2 vectorises Concat's if-converted per-index source select wrongly

@@ -1,0 +1,89 @@
+"""``autofusion bench-cores MODEL``: every distinct matrix-product core of the model, timed alone in
+autofusion, onnxruntime and OpenBLAS side by side, with the ratios and the model's GEMM floor."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from autofusion.cli.cmd_fuse import add_plan_arguments, make_plan
+from autofusion.cli.common import CliError, Output, positive_int
+from autofusion.cli.tuning_args import add_tune_argument, tune_progress, tune_wanted
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench-cores", help="time each distinct GEMM/Conv core against onnxruntime and OpenBLAS",
+        description="Compile the fused model (tuning its cores unless --no-tune), then time every distinct "
+                    "matrix-product core alone: our kernel with the variant the plan uses, onnxruntime on the same "
+                    "single op, and numpy's OpenBLAS on the same matrices, in one process, round by round.")
+    add_plan_arguments(p)
+    p.add_argument("--threads", type=positive_int, default=2, metavar="N", help="threads for every runtime (default 2)")
+    p.add_argument("--repeat", type=positive_int, default=10, metavar="N", help="timed runs per round (default 10)")
+    p.add_argument("--rounds", type=positive_int, default=3, metavar="N", help="rounds of every runner (default 3)")
+    p.add_argument("--top", type=positive_int, default=None, metavar="N",
+                   help="only the N cores with the most FLOPs in the model")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_tune_argument(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autofusion.bench.cores import distinct_cores, measure_cores, report
+    from autofusion.bench.environment import limit_threads, load_average, machine_info
+    from autofusion.runtime import CompiledModel, CompileError
+
+    limit_threads(args.threads)
+    loaded, plan = make_plan(args)
+    try:
+        with tune_progress() as progress:
+            model = CompiledModel(plan, threads=args.threads, tune=tune_wanted(args), progress=progress)
+        cores = distinct_cores(model.source.kernels)[: args.top]
+        if not cores:
+            raise CliError(f"{loaded.source} has no MatMul, Gemm or Conv core to time")
+        before = load_average()
+        results = measure_cores(cores, model.machine, args.threads, args.repeat, args.rounds, model.cache)
+    except CompileError as e:
+        raise CliError(str(e)) from None
+    meta = {"model": loaded.source, "threads": args.threads, "repeat": args.repeat, "rounds": args.rounds,
+            "tuned": tune_wanted(args), "isa": model.machine.isa, "machine": machine_info(),
+            "load_average_before": before, "load_average_after": load_average()}
+    data = report(results, meta)
+    out = Output()
+    if args.json:
+        out.json(data)
+        return 0
+    _print(out, data)
+    return 0
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def _x(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}x"
+
+
+def _print(out: Output, data: dict[str, Any]) -> None:
+    rows = []
+    for c in data["cores"]:
+        t = c["median_ms"]
+        rows.append((c["core"], c["count_in_model"], c["variant"], _ms(t.get("autofusion")), _ms(t.get("onnxruntime")),
+                     _ms(t.get("openblas")), _x(c["ratio_vs_onnxruntime"]), _x(c["ratio_vs_openblas"]),
+                     f"{c['gflops'].get('autofusion', 0):.0f}"))
+    m = data["machine"]
+    out.table(f"{data['model']}: cores alone, medians of {data['rounds']} rounds x {data['repeat']} runs, "
+              f"{data['threads']} threads, {m['cpu']} ({data['isa']})",
+              ("core", "in model", "variant", "ours ms", "ort ms", "openblas ms", "ours/ort", "ours/blas", "GFLOP/s"),
+              rows)
+    out.line("ours/ort below 1: our core is faster than onnxruntime's for the same op.")
+    floor = data["floor"]
+    if "floor_ms" in floor:
+        out.line(f"GEMM floor: {floor['gflop']:.2f} GFLOP at {floor['best_gflops']:.0f} GFLOP/s "
+                 f"(best rate of the run: {floor['best_by']}) = {floor['floor_ms']:.2f} ms; our cores alone "
+                 f"x their count: {floor['cores_alone_ms']:.2f} ms")
+    for c in data["cores"]:
+        for name, why in c["skipped"].items():
+            out.line(f"skipped {name} for {c['core']}: {why}")
+    out.line(f"load average before/after: {data['load_average_before']} / {data['load_average_after']}")

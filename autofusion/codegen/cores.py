@@ -1,0 +1,204 @@
+"""Matrix-product cores: what each kernel multiplies, and how (which implementation, which blocking).
+
+Every MatMul/Gemm and Conv kernel computes its products through one *core*: ``af_sgemm_packed``
+(the weight packed at build time, one micro-kernel per instruction set, K in passes of ``kc`` rows)
+or OpenBLAS's sgemm. A :class:`CoreSpec` describes one distinct core (its shape and where the weight
+comes from); a :class:`CoreChooser` decides a :class:`CoreChoice` for it. Codegen asks the chooser
+while it renders and records the answer in the kernel (``KernelSource.cores``), so a profile can
+name the variant each kernel ran.
+
+The default chooser decides from what the machine reports (instruction set, L1 data cache): the
+packed kernel wherever the weight can be packed, ``kc`` so that one pass's slice of a panel fills
+the L1 data cache. The runtime's tuner (autofusion/runtime/tuning.py) times candidates instead.
+
+>>> machine = Machine("avx2", l1d=32 * 1024, l2=512 * 1024)
+>>> DefaultChooser(machine).choose(CoreSpec("gemm", 128, 3072, 768, packable=True)).label(machine)
+'packed avx2 6x16 kc512'
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+# micro-kernel shape (rows, columns) of af_sgemm_packed per instruction set: templates/c/af_sgemm.c.j2
+MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable": (6, 8)}
+ISAS = tuple(MICRO_KERNELS)
+KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
+IMPLS = ("packed", "blas")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the cores' shape and blocking depend on: the instruction set the code is built for and
+    the data cache sizes of the CPU it runs on."""
+
+    isa: str
+    l1d: int = 32 * 1024
+    l2: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.isa not in MICRO_KERNELS:
+            raise ValueError(f"unknown instruction set {self.isa!r}; one of {', '.join(ISAS)}")
+
+    @property
+    def micro_kernel(self) -> tuple[int, int]:
+        return MICRO_KERNELS[self.isa]
+
+    def default_kc(self) -> int:
+        """K per pass: one pass's slice of a panel (kc rows of the micro-kernel's columns) fills L1."""
+        slice_bytes = self.micro_kernel[1] * 4
+        kc = self.l1d // slice_bytes // KC_STEP * KC_STEP
+        return max(KC_MIN, min(KC_MAX, kc))
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    """One distinct matrix product of a kernel: ``calls`` x [m x k] @ [k x n].
+
+    ``packable``: B is a constant weight the packed kernel can take. ``geometry`` holds what a
+    benchmark needs to rebuild the op (for a convolution: input and weight shapes, strides, pads,
+    dilations, group), so that a tuner times the real kernel, tiles and threads included.
+    """
+
+    kind: str  # "gemm" or "conv"
+    m: int
+    n: int
+    k: int
+    packable: bool = False
+    calls: int = 1
+    geometry: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.calls
+
+    def key(self) -> str:
+        """A stable text key: equal for cores that run the same code on the same sizes."""
+        geo = ";".join(",".join(str(v) for v in part) for part in self.geometry)
+        return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{int(self.packable)}:{geo}"
+
+    def describe(self) -> str:
+        shape = f"[{self.m} x {self.k}] @ [{self.k} x {self.n}]"
+        return f"{self.kind} {self.calls} x {shape}" if self.calls > 1 else f"{self.kind} {shape}"
+
+
+@dataclass(frozen=True)
+class CoreChoice:
+    """How a core is computed: ``packed`` with ``kc`` rows of K per pass, or OpenBLAS's ``blas``."""
+
+    impl: str
+    kc: int = 0
+
+    def __post_init__(self) -> None:
+        if self.impl not in IMPLS:
+            raise ValueError(f"unknown core implementation {self.impl!r}; one of {', '.join(IMPLS)}")
+        if self.impl == "packed" and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
+            raise ValueError(f"kc {self.kc} out of range for the packed kernel")
+
+    @property
+    def packed(self) -> bool:
+        return self.impl == "packed"
+
+    def label(self, machine: Machine) -> str:
+        if not self.packed:
+            return "openblas sgemm"
+        rows, cols = machine.micro_kernel
+        return f"packed {machine.isa} {rows}x{cols} kc{self.kc}"
+
+
+class CoreChooser(Protocol):
+    """Decides the implementation of each core codegen renders; ``machine`` is what it targets."""
+
+    machine: Machine
+
+    def choose(self, core: CoreSpec) -> CoreChoice: ...
+
+
+class DefaultChooser:
+    """The untuned, deterministic choice: packed wherever the weight can be packed, default kc."""
+
+    def __init__(self, machine: Machine | None = None) -> None:
+        self.machine = machine or this_machine()
+
+    def choose(self, core: CoreSpec) -> CoreChoice:
+        return CoreChoice("packed", self.machine.default_kc()) if core.packable else CoreChoice("blas")
+
+
+class FixedChooser:
+    """One choice for every packable core (the tuner's candidates, tests of each variant)."""
+
+    def __init__(self, choice: CoreChoice, machine: Machine | None = None) -> None:
+        self.machine = machine or this_machine()
+        self.choice = choice
+
+    def choose(self, core: CoreSpec) -> CoreChoice:
+        return self.choice if core.packable else CoreChoice("blas")
+
+
+def native_isa(flags: frozenset[str] | None = None) -> str:
+    """The best micro-kernel this CPU can run (what ``-march=native`` lets the compiler target)."""
+    if flags is None:
+        flags = cpu_flags()
+    if "avx512f" in flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "avx" if "avx" in flags else "portable"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo); empty off Linux or x86."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _cache_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+    return int(text.rstrip("KMB") or 0) * scale
+
+
+@functools.lru_cache(maxsize=1)
+def cache_sizes() -> tuple[int, int]:
+    """(L1 data, L2) bytes of CPU 0 as Linux reports them; (32 KiB, 1 MiB) where it does not."""
+    l1d, l2 = 32 * 1024, 1024 * 1024
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(root.glob("index*")):
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = _cache_size((index / "size").read_text())
+            if size and level == "1" and kind in ("Data", "Unified"):
+                l1d = size
+            elif size and level == "2":
+                l2 = size
+    except (OSError, ValueError):
+        pass
+    return l1d, l2
+
+
+def this_machine(isa: str | None = None) -> Machine:
+    """This CPU's caches, with the instruction set ``isa`` (default: the best it runs)."""
+    l1d, l2 = cache_sizes()
+    return Machine(isa or native_isa(), l1d, l2)
+
+
+def cpu_model() -> str:
+    """The CPU's model name, for tuning records and benchmark reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

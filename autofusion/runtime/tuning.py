@@ -1,0 +1,303 @@
+"""Measured choice of each matrix-product core (autotuning), cached per machine.
+
+For each distinct core of a plan that has a choice (a constant weight the packed kernel can take,
+large enough to matter), the tuner compiles the core alone as a one-op model, once per candidate:
+the packed kernel with K in passes of half, once and twice the default ``kc`` (from the L1 data
+cache), and OpenBLAS's sgemm on the unpacked weight. It times them round-robin on this machine
+with the plan's thread count, and keeps the fastest; the default stays unless another candidate
+is at least MARGIN faster (the machines are noisy: a coin flip should not change the code).
+
+Results live in one JSON file per machine under the compile cache (``tuning/<fingerprint>.json``),
+keyed by core and thread count; the fingerprint covers the CPU model and flags, the compiler and
+its flags (``Toolchain.key``), so a model is tuned once per machine. A file that does not parse,
+fails its checksum, names another machine or holds an invalid entry is ignored with a warning and
+rewritten, never trusted. Writes go to a temporary file moved into place: concurrent tuners lose
+at most each other's new entries, never see half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from autofusion.codegen.cores import (
+    KC_MAX,
+    KC_MIN,
+    CoreChoice,
+    CoreChooser,
+    CoreSpec,
+    DefaultChooser,
+    FixedChooser,
+    Machine,
+    cpu_model,
+    this_machine,
+)
+from autofusion.decide import unfused_plan
+from autofusion.decide.plan import Plan
+from autofusion.ir import GraphBuilder
+from autofusion.ir.graph import Graph
+from autofusion.runtime.cache import CompileCache
+from autofusion.runtime.toolchain import Toolchain
+
+FORMAT = 1
+TUNE_MIN_FLOPS = 1 << 24  # smaller products take microseconds: the default is as good as any
+MARGIN = 0.03  # a candidate replaces the default only when at least 3 % faster
+ROUNDS = 7  # timed samples per candidate, taken round-robin
+SAMPLE_SECONDS = 2e-3  # each sample repeats the core until it lasts about this long
+
+# (done, total, what): called before each core is tuned and once at the end
+Progress = Callable[[int, int, str], None]
+
+
+class Runnable(Protocol):
+    def run(self, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]: ...
+
+
+# compiles a plan with the given chooser (the runtime's CompiledModel, handed in: no import cycle)
+Build = Callable[[Plan, CoreChooser], Runnable]
+
+
+class TuningCacheWarning(UserWarning):
+    """A tuning cache file was damaged or foreign and has been ignored."""
+
+
+def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
+    """The default first, then the other K blockings that differ for this K, then OpenBLAS."""
+    base = machine.default_kc()
+    out = [CoreChoice("packed", base)]
+    for kc in (base // 2, base * 2):
+        kc = max(KC_MIN, min(KC_MAX, kc))
+        if kc != base and min(kc, spec.k) != min(base, spec.k) and all(c.kc != kc for c in out):
+            out.append(CoreChoice("packed", kc))
+    out.append(CoreChoice("blas"))
+    return out
+
+
+def tunable(spec: CoreSpec) -> bool:
+    return spec.packable and spec.flops >= TUNE_MIN_FLOPS
+
+
+class TuningStore:
+    """The tuning results of one machine (toolchain fingerprint), loaded from and saved to disk."""
+
+    def __init__(self, cache: CompileCache, toolchain: Toolchain, machine: Machine) -> None:
+        self.fingerprint = hashlib.sha256(f"{toolchain.key}|{machine}".encode()).hexdigest()
+        self.path = cache.root / "tuning" / f"{self.fingerprint[:24]}.json"
+        self.machine = machine
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.problem = ""  # why the file on disk was ignored, if it was
+        self._load()
+
+    @staticmethod
+    def entry_key(spec: CoreSpec, threads: int) -> str:
+        return f"{spec.key()}|t{threads}"
+
+    def get(self, spec: CoreSpec, threads: int) -> CoreChoice | None:
+        entry = self.entries.get(self.entry_key(spec, threads))
+        return None if entry is None else CoreChoice(entry["impl"], entry["kc"])
+
+    def put(self, spec: CoreSpec, threads: int, choice: CoreChoice, times_ms: Mapping[str, float]) -> None:
+        self.entries[self.entry_key(spec, threads)] = {
+            "impl": choice.impl, "kc": choice.kc, "core": spec.describe(),
+            "times_ms": {k: round(v, 4) for k, v in times_ms.items()}}
+
+    def _load(self) -> None:
+        try:
+            text = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            self._ignore(f"cannot be read ({e})")
+            return
+        try:
+            data = json.loads(text)
+            entries = data["entries"]
+            if data.get("format") != FORMAT:
+                self._ignore(f"has format {data.get('format')!r}, not {FORMAT}")
+            elif data.get("fingerprint") != self.fingerprint:
+                self._ignore("was written for another machine or compiler")
+            elif data.get("checksum") != _checksum(entries):
+                self._ignore("fails its checksum (edited or truncated)")
+            else:
+                for key, entry in entries.items():
+                    CoreChoice(entry["impl"], entry["kc"])  # raises on an invalid choice
+                    if not isinstance(key, str):
+                        raise TypeError("key")
+                self.entries = dict(entries)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            self._ignore(f"is not a valid tuning file ({type(e).__name__}: {e})")
+
+    def _ignore(self, why: str) -> None:
+        self.problem = f"tuning cache {self.path} {why}: ignored, cores are tuned again"
+        self.entries = {}
+        warnings.warn(self.problem, TuningCacheWarning, stacklevel=4)
+
+    def save(self) -> None:
+        data = {"format": FORMAT, "fingerprint": self.fingerprint, "cpu": cpu_model(), "isa": self.machine.isa,
+                "l1d": self.machine.l1d, "l2": self.machine.l2, "entries": self.entries,
+                "checksum": _checksum(self.entries)}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as e:  # an unwritable cache costs a re-tune next time, not the run
+            warnings.warn(f"tuning cache {self.path} not written: {e}", TuningCacheWarning, stacklevel=2)
+
+
+def _checksum(entries: Any) -> str:
+    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+
+
+class Tuner:
+    """A CoreChooser that answers from the store and measures the cores it has not seen.
+
+    ``build`` compiles a candidate (a one-op plan and a FixedChooser) into something to ``run``.
+
+    >>> # CompiledModel(plan, tune=True) makes one; CompiledModel(plan, cores=tuner) shares it
+    """
+
+    def __init__(self, toolchain: Toolchain, cache: CompileCache, threads: int, build: Build,
+                 machine: Machine | None = None, progress: Progress | None = None) -> None:
+        self.build = build
+        self.toolchain = toolchain
+        self.cache = cache
+        self.threads = threads
+        self.machine = machine or this_machine(toolchain.isa)
+        self.store = TuningStore(cache, toolchain, self.machine)
+        self.default = DefaultChooser(self.machine)
+        self.progress = progress
+        self.tuned = 0  # cores measured by this tuner (not answered from the store)
+
+    def cached(self, spec: CoreSpec) -> CoreChoice | None:
+        """The stored choice, the default for a core with nothing to tune, else None."""
+        if not tunable(spec):
+            return self.default.choose(spec)
+        return self.store.get(spec, self.threads)
+
+    def choose(self, core: CoreSpec) -> CoreChoice:
+        hit = self.cached(core)
+        if hit is None:
+            self.tune([core])
+            hit = self.store.get(core, self.threads)
+            assert hit is not None
+        return hit
+
+    def tune(self, specs: Iterable[CoreSpec]) -> None:
+        """Measure every core of ``specs`` not in the store yet, then save the store once."""
+        todo: dict[str, CoreSpec] = {}
+        for spec in specs:
+            if self.cached(spec) is None:
+                todo.setdefault(spec.key(), spec)
+        for i, spec in enumerate(todo.values()):
+            if self.progress is not None:
+                self.progress(i, len(todo), spec.describe())
+            choice, times = self._measure(spec)
+            self.store.put(spec, self.threads, choice, times)
+            self.tuned += 1
+        if todo:
+            if self.progress is not None:
+                self.progress(len(todo), len(todo), "done")
+            self.store.save()
+
+    def _measure(self, spec: CoreSpec) -> tuple[CoreChoice, dict[str, float]]:
+        graph, feeds = core_graph(spec)
+        options = candidates(spec, self.machine)
+        plan = unfused_plan(graph)
+        models = [self.build(plan, FixedChooser(c, self.machine)) for c in options]
+        runs = []
+        for model in models:  # warm up; a sample repeats the core until it lasts SAMPLE_SECONDS
+            model.run(feeds)
+            t0 = time.perf_counter()
+            model.run(feeds)
+            runs.append(max(1, math.ceil(SAMPLE_SECONDS / max(time.perf_counter() - t0, 1e-7))))
+        samples: list[list[float]] = [[] for _ in models]
+        for _ in range(ROUNDS):
+            for i, model in enumerate(models):
+                t0 = time.perf_counter()
+                for _ in range(runs[i]):
+                    model.run(feeds)
+                samples[i].append((time.perf_counter() - t0) / runs[i])
+        medians = [statistics.median(s) for s in samples]
+        best = min(range(len(options)), key=lambda i: medians[i])
+        if medians[best] > (1 - MARGIN) * medians[0]:
+            best = 0
+        times = {c.label(self.machine): m * 1e3 for c, m in zip(options, medians)}
+        return options[best], times
+
+
+def core_graph(spec: CoreSpec) -> tuple[Graph, dict[str, np.ndarray]]:
+    """A one-op graph computing ``spec`` (seeded random data) and its feeds."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder(f"core_{spec.kind}")
+    if spec.kind == "conv":
+        xs, ws, strides, pads, dilations, (group,) = spec.geometry
+        x = b.input("x", xs)
+        w = b.const((rng.standard_normal(ws) * 0.05).astype(np.float32))
+        y = b.op("Conv", x, w, strides=strides, pads=pads, dilations=dilations, group=group,
+                 kernel_shape=tuple(ws[2:]))
+        shape = xs
+    elif not spec.packable:  # a product of two activations (attention): a batch of both operands
+        x, w = b.input("x", (spec.calls, spec.m, spec.k)), b.input("w", (spec.calls, spec.k, spec.n))
+        g = b.build([b.op("MatMul", x, w)])
+        return g, {"x": rng.standard_normal((spec.calls, spec.m, spec.k)).astype(np.float32),
+                   "w": rng.standard_normal((spec.calls, spec.k, spec.n)).astype(np.float32)}
+    else:
+        rows = spec.m * spec.calls
+        x = b.input("x", (rows, spec.k))
+        y = b.op("MatMul", x, b.const((rng.standard_normal((spec.k, spec.n)) * 0.05).astype(np.float32)))
+        shape = (rows, spec.k)
+    return b.build([y]), {"x": rng.standard_normal(shape).astype(np.float32)}
+
+
+def tuning_files(cache: CompileCache) -> list[Path]:
+    """The tuning files of every machine this cache has seen."""
+    return sorted((cache.root / "tuning").glob("*.json"))
+
+
+def tune_by_default() -> bool:
+    """Tuning is on unless ``$AUTOFUSION_TUNE`` is 0, false, no or off."""
+    return os.environ.get("AUTOFUSION_TUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class _Pending:
+    """Answers from the tuner's store (or the default) and notes the cores still to be measured."""
+
+    def __init__(self, tuner: Tuner) -> None:
+        self.tuner = tuner
+        self.machine = tuner.machine
+        self.missing: list[CoreSpec] = []
+
+    def choose(self, core: CoreSpec) -> CoreChoice:
+        hit = self.tuner.cached(core)
+        if hit is None:
+            self.missing.append(core)
+            return self.tuner.default.choose(core)
+        return hit
+
+
+T = TypeVar("T")
+
+
+def render_tuned(tuner: Tuner, render: Callable[[CoreChooser], T]) -> T:
+    """``render(chooser)`` with every core tuned: a first render finds the cores the store lacks
+    (so that a progress bar knows how many), they are measured together, then it renders again.
+    With every core in the store, the first render is the result."""
+    pending = _Pending(tuner)
+    first = render(pending)
+    if not pending.missing:
+        return first
+    tuner.tune(pending.missing)
+    return render(tuner)

@@ -1,0 +1,406 @@
+"""Cores chosen by measurement: candidates, the tuner's choice and its cache, every variant's numbers,
+instruction sets chosen for the toolchain."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autofusion.codegen.cores import (
+    CoreChoice,
+    CoreSpec,
+    DefaultChooser,
+    FixedChooser,
+    Machine,
+    native_isa,
+)
+from autofusion.decide import build_groups
+from autofusion.decide.plan import ZERO_COST, Plan
+from autofusion.ir import Graph, GraphBuilder, run_graph
+from autofusion.runtime import CompileCache, CompiledModel, CompileError, compare_outputs, detect_toolchain
+from autofusion.runtime.tuning import (
+    TUNE_MIN_FLOPS,
+    Tuner,
+    TuningCacheWarning,
+    TuningStore,
+    candidates,
+    core_graph,
+    render_tuned,
+)
+
+RNG = np.random.default_rng(11)
+MACHINE = Machine("avx2", l1d=32 * 1024, l2=512 * 1024)
+BIG = CoreSpec("gemm", 128, 768, 768, packable=True)
+
+
+def f32(*shape: int, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+# -- the default and the candidates ---------------------------------------------------------------
+
+
+def test_default_blocking_follows_the_l1_cache_and_the_micro_kernel() -> None:
+    assert MACHINE.default_kc() == 512  # 16 columns x 4 bytes x 512 rows = 32 KiB
+    assert Machine("avx512", l1d=32 * 1024).default_kc() == 256  # 32 columns: half the rows
+    assert Machine("avx512", l1d=48 * 1024).default_kc() == 384
+    assert Machine("portable", l1d=4 * 1024).default_kc() == 128  # never below KC_MIN
+    assert Machine("portable", l1d=1 << 20).default_kc() == 1024  # nor above KC_MAX
+    with pytest.raises(ValueError, match="unknown instruction set"):
+        Machine("sse9")
+
+
+def test_default_chooser_packs_what_can_be_packed() -> None:
+    chooser = DefaultChooser(MACHINE)
+    assert chooser.choose(BIG) == CoreChoice("packed", 512)
+    assert chooser.choose(CoreSpec("gemm", 128, 64, 128)) == CoreChoice("blas")
+    assert CoreChoice("packed", 512).label(MACHINE) == "packed avx2 6x16 kc512"
+    assert CoreChoice("blas").label(MACHINE) == "openblas sgemm"
+    with pytest.raises(ValueError):
+        CoreChoice("mkl")
+
+
+def test_candidates_are_the_default_other_blockings_and_openblas() -> None:
+    assert candidates(BIG, MACHINE) == [CoreChoice("packed", 512), CoreChoice("packed", 256),
+                                        CoreChoice("packed", 1024), CoreChoice("blas")]
+    # K = 200: every pass of 256 rows or more is one pass, the same code as the default
+    shallow = CoreSpec("gemm", 128, 768, 200, packable=True)
+    assert candidates(shallow, MACHINE) == [CoreChoice("packed", 512), CoreChoice("blas")]
+
+
+def test_a_core_spec_key_tells_cores_apart() -> None:
+    keys = {CoreSpec("gemm", 8, 768, 3072, True).key(), CoreSpec("gemm", 8, 3072, 768, True).key(),
+            CoreSpec("gemm", 8, 768, 3072, False).key(), CoreSpec("conv", 8, 768, 3072, True).key()}
+    assert len(keys) == 4
+
+
+# -- the tuner, with a fake build: what it chooses and what it stores ---------------------------
+
+
+class _FakeModel:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def run(self, feeds: object) -> dict[str, np.ndarray]:
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return {}
+
+
+def _fake_build(times: dict[CoreChoice, float], built: list[CoreChoice]):
+    def build(plan: Plan, chooser: FixedChooser) -> _FakeModel:
+        built.append(chooser.choice)
+        return _FakeModel(times[chooser.choice])
+    return build
+
+
+def _tuner(tmp_path: Path, times: dict[CoreChoice, float], built: list[CoreChoice]) -> Tuner:
+    tc = detect_toolchain()
+    return Tuner(tc, CompileCache(tmp_path), threads=2, build=_fake_build(times, built), machine=MACHINE)
+
+
+def test_the_tuner_keeps_the_fastest_and_remembers_it(tmp_path: Path) -> None:
+    fast = CoreChoice("packed", 256)
+    times = {c: 4e-4 for c in candidates(BIG, MACHINE)}
+    times[fast] = 1e-4
+    built: list[CoreChoice] = []
+    steps: list[tuple[int, int, str]] = []
+    tuner = _tuner(tmp_path, times, built)
+    tuner.progress = lambda done, total, what: steps.append((done, total, what))
+    assert tuner.choose(BIG) == fast
+    assert set(built) == set(candidates(BIG, MACHINE)) and tuner.tuned == 1
+    assert steps[0][:2] == (0, 1) and steps[-1][:2] == (1, 1)
+    again: list[CoreChoice] = []
+    second = _tuner(tmp_path, times, again)  # a new process on the same machine: from the file
+    assert second.choose(BIG) == fast and again == [] and second.tuned == 0
+    other_threads = Tuner(detect_toolchain(), CompileCache(tmp_path), threads=1,
+                          build=_fake_build(times, again), machine=MACHINE)
+    assert other_threads.store.get(BIG, 1) is None  # results are per thread count
+
+
+def test_the_default_stays_unless_another_is_clearly_faster(tmp_path: Path) -> None:
+    times = {c: 3e-4 for c in candidates(BIG, MACHINE)}
+    times[CoreChoice("blas")] = 2.95e-4  # within the margin: noise, not a reason to change the code
+    assert _tuner(tmp_path, times, []).choose(BIG) == CoreChoice("packed", 512)
+
+
+def test_small_and_unpackable_cores_are_not_measured(tmp_path: Path) -> None:
+    built: list[CoreChoice] = []
+    tuner = _tuner(tmp_path, {}, built)
+    small = CoreSpec("gemm", 4, 16, 16, packable=True)
+    assert small.flops < TUNE_MIN_FLOPS
+    assert tuner.choose(small) == CoreChoice("packed", 512)
+    assert tuner.choose(CoreSpec("gemm", 128, 768, 768, packable=False)) == CoreChoice("blas")
+    assert built == []
+
+
+def test_render_tuned_measures_missing_cores_once_then_renders_with_them(tmp_path: Path) -> None:
+    times = {c: 2e-4 for c in candidates(BIG, MACHINE)}
+    times[CoreChoice("blas")] = 5e-5
+    built: list[CoreChoice] = []
+    tuner = _tuner(tmp_path, times, built)
+    answers: list[list[CoreChoice]] = []
+
+    def render(chooser) -> list[CoreChoice]:
+        answers.append([chooser.choose(BIG), chooser.choose(BIG)])
+        return answers[-1]
+
+    assert render_tuned(tuner, render) == [CoreChoice("blas")] * 2
+    assert len(answers) == 2 and answers[0] == [CoreChoice("packed", 512)] * 2  # first pass: the default
+    assert len(built) == len(candidates(BIG, MACHINE))  # the core measured once, not twice
+    answers.clear()
+    assert render_tuned(tuner, render) == [CoreChoice("blas")] * 2 and len(answers) == 1  # all cached
+
+
+# -- the cache file: damaged or foreign files are never trusted -----------------------------------
+
+
+def _stored(tmp_path: Path) -> TuningStore:
+    times = {c: 3e-4 for c in candidates(BIG, MACHINE)}
+    times[CoreChoice("blas")] = 1e-4
+    tuner = _tuner(tmp_path, times, [])
+    tuner.choose(BIG)
+    return tuner.store
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "edited", "foreign", "invalid_choice", "format"])
+def test_a_damaged_or_foreign_cache_is_ignored_with_a_warning(tmp_path: Path, damage: str) -> None:
+    store = _stored(tmp_path)
+    text = store.path.read_text()
+    data = json.loads(text)
+    if damage == "garbage":
+        store.path.write_bytes(b"\x00\xffnot json")
+    elif damage == "truncated":
+        store.path.write_text(text[: len(text) // 2])
+    elif damage == "edited":  # someone forced a choice by hand: the checksum no longer matches
+        next(iter(data["entries"].values()))["impl"] = "packed"
+        store.path.write_text(json.dumps(data))
+    elif damage == "foreign":  # copied from another machine
+        data["fingerprint"] = "0" * 64
+        store.path.write_text(json.dumps(data))
+    elif damage == "invalid_choice":
+        from autofusion.runtime.tuning import _checksum
+
+        next(iter(data["entries"].values()))["impl"] = "mkl"
+        data["checksum"] = _checksum(data["entries"])
+        store.path.write_text(json.dumps(data))
+    else:
+        data["format"] = 99
+        store.path.write_text(json.dumps(data))
+    built: list[CoreChoice] = []
+    times = {c: 3e-4 for c in candidates(BIG, MACHINE)}
+    times[CoreChoice("packed", 256)] = 1e-4
+    with pytest.warns(TuningCacheWarning, match="ignored"):
+        tuner = _tuner(tmp_path, times, built)
+    assert tuner.store.entries == {}
+    assert tuner.choose(BIG) == CoreChoice("packed", 256) and built  # measured again, not read
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _tuner(tmp_path, times, []).store.get(BIG, 2) == CoreChoice("packed", 256)  # rewritten whole
+
+
+# -- every variant computes the same numbers -------------------------------------------------------
+
+
+def _plan(g: Graph, template: str) -> Plan:
+    return Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: template), ZERO_COST,
+                ZERO_COST)
+
+
+def _gemm_graph() -> tuple[Graph, dict[str, np.ndarray]]:
+    b = GraphBuilder("tuned_gemm")
+    x = b.input("x", (67, 700))
+    y = b.op("Gemm", x, b.const(f32(700, 530, scale=0.05)), b.const(f32(530)), alpha=0.5)
+    return b.build([b.op("Relu", y)]), {"x": f32(67, 700)}
+
+
+def _horizontal_graph() -> tuple[Graph, dict[str, np.ndarray]]:
+    b = GraphBuilder("tuned_qkv")
+    x = b.input("x", (2, 21, 96))
+    outs = [b.op("MatMul", x, b.const(f32(96, n, scale=0.1))) for n in (96, 40, 96)]
+    return b.build(outs), {"x": f32(2, 21, 96)}
+
+
+def _conv_graph(groups: int = 1) -> tuple[Graph, dict[str, np.ndarray]]:
+    b = GraphBuilder("tuned_conv")
+    x = b.input("x", (1, 16, 15, 15))
+    c = b.op("Conv", x, b.const(f32(32, 16 // groups, 3, 3, scale=0.2)), b.const(f32(32)), pads=(1, 1, 1, 1),
+             strides=(2, 2), group=groups)
+    bn = b.op("BatchNormalization", c, b.const(f32(32)), b.const(f32(32)), b.const(f32(32)),
+              b.const(np.abs(f32(32)) + 0.5))
+    return b.build([b.op("Relu", bn)]), {"x": f32(1, 16, 15, 15)}
+
+
+CHOICES = [CoreChoice("packed", 128), CoreChoice("packed", 256), CoreChoice("packed", 1024), CoreChoice("blas")]
+
+
+@pytest.mark.parametrize("choice", CHOICES, ids=lambda c: f"{c.impl}{c.kc}")
+@pytest.mark.parametrize("case", ["gemm", "horizontal", "conv_bn", "conv_bn_groups"])
+def test_every_core_choice_matches_the_reference(tmp_path: Path, case: str, choice: CoreChoice) -> None:
+    """Each candidate the tuner may pick, forced, against the reference: K over several passes,
+    constant weights left unpacked for OpenBLAS (concatenated for a horizontal product, folded with
+    BatchNormalization for a convolution)."""
+    graph, feeds = {"gemm": _gemm_graph, "horizontal": _horizontal_graph, "conv_bn": _conv_graph,
+                    "conv_bn_groups": lambda: _conv_graph(2)}[case]()
+    template = {"gemm": "gemm_epilogue", "horizontal": "horizontal_gemm"}.get(case, "conv_epilogue")
+    model = CompiledModel(_plan(graph, template), cache=tmp_path, cores=FixedChooser(choice))
+    report = compare_outputs(run_graph(graph, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    used = [c for k in model.source.kernels for _, c in k.cores]
+    assert used == [choice]
+    code = "\n".join(k.code for k in model.source.kernels)
+    assert ("af_sgemm_packed(" in code) == choice.packed
+
+
+def test_depthwise_convolution_with_batchnorm_reads_the_folded_weights(tmp_path: Path) -> None:
+    """One output channel per group cannot be packed; the folded BatchNormalization must still
+    reach the weights sgemm reads."""
+    b = GraphBuilder("depthwise_bn")
+    x = b.input("x", (1, 8, 9, 9))
+    c = b.op("Conv", x, b.const(f32(8, 1, 3, 3)), pads=(1, 1, 1, 1), group=8)
+    bn = b.op("BatchNormalization", c, b.const(f32(8)), b.const(f32(8)), b.const(f32(8)),
+              b.const(np.abs(f32(8)) + 0.5))
+    g = b.build([b.op("Relu", bn)])
+    feeds = {"x": f32(1, 8, 9, 9)}
+    model = CompiledModel(_plan(g, "conv_epilogue"), cache=tmp_path)
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+
+
+def test_tuned_and_untuned_models_compute_the_same_numbers(tmp_path: Path) -> None:
+    """The real tuner on a core large enough to be tuned: it measures the candidates here, and
+    whatever it picks changes the results by fp32 rounding at most."""
+    b = GraphBuilder("tuned_mlp")
+    x = b.input("x", (96, 512))
+    h = b.op("Relu", b.op("Add", b.op("MatMul", x, b.const(f32(512, 400, scale=0.05))), b.const(f32(400))))
+    g = b.build([h])
+    feeds = {"x": f32(96, 512)}
+    spec_flops = 2 * 96 * 512 * 400
+    assert spec_flops >= TUNE_MIN_FLOPS
+    plan = _plan(g, "gemm_epilogue")
+    untuned = CompiledModel(plan, cache=tmp_path, tune=False).run(feeds)[g.outputs[0]]
+    tuned_model = CompiledModel(plan, cache=tmp_path, tune=True)
+    assert isinstance(tuned_model.chooser, Tuner) and tuned_model.chooser.tuned == 1
+    entry = next(iter(tuned_model.chooser.store.entries.values()))
+    assert set(entry["times_ms"]) == {c.label(tuned_model.chooser.machine)
+                                      for c in candidates(CoreSpec("gemm", 96, 400, 512, True),
+                                                          tuned_model.chooser.machine)}
+    tuned = tuned_model.run(feeds)[g.outputs[0]]
+    np.testing.assert_allclose(tuned, untuned, rtol=1e-5, atol=1e-5)
+    report = compare_outputs(run_graph(g, feeds), tuned_model.run(feeds))
+    assert report.ok, report.summary()
+    assert CompiledModel(plan, cache=tmp_path, tune=True).chooser.tuned == 0  # once per machine
+
+
+def test_core_graph_rebuilds_a_convolution_core() -> None:
+    spec = CoreSpec("conv", 64, 32, 144, True, 1, ((1, 16, 15, 15), (32, 16, 3, 3), (2, 2), (1, 1, 1, 1),
+                                                   (1, 1), (1,)))
+    g, feeds = core_graph(spec)
+    assert [n.op for n in g.nodes] == ["Conv"] and feeds["x"].shape == (1, 16, 15, 15)
+    assert g.types[g.outputs[0]].shape == (1, 32, 8, 8)
+
+
+# -- instruction sets ------------------------------------------------------------------------------
+
+
+def test_the_toolchain_builds_for_the_instruction_set_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = detect_toolchain()
+    assert native.isa == native_isa() and native.runnable
+    avx2 = detect_toolchain(isa="avx2")
+    assert avx2.isa == "avx2" and ("-march=haswell" in avx2.cflags or native.isa == "avx2")
+    monkeypatch.setenv("AUTOFUSION_ISA", "portable")
+    assert detect_toolchain().isa == "portable"
+    monkeypatch.setenv("AUTOFUSION_ISA", "sse9")
+    with pytest.raises(CompileError, match="unknown instruction set 'sse9'"):
+        detect_toolchain()
+
+
+def test_a_library_this_cpu_cannot_run_is_refused_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.runtime import toolchain
+
+    tc = detect_toolchain(isa="avx512")
+    monkeypatch.setattr(toolchain, "cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma"}))
+    assert not tc.runnable
+    g, feeds = _gemm_graph()
+    with pytest.raises(CompileError, match="cannot run code built for avx512"):
+        CompiledModel(_plan(g, "gemm_epilogue"), cache=tmp_path, toolchain=tc)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_a_model_built_for_another_instruction_set_runs_and_says_so(tmp_path: Path, isa: str) -> None:
+    tc = detect_toolchain(isa=isa)
+    if not tc.runnable:
+        pytest.skip(f"this CPU cannot run {isa} code")
+    g, feeds = _gemm_graph()
+    model = CompiledModel(_plan(g, "gemm_epilogue"), cache=tmp_path, toolchain=tc)
+    assert model.machine.isa == isa  # af_isa() of the library
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    labels = {c.label(model.machine) for k in model.source.kernels for _, c in k.cores}
+    rows, cols = model.machine.micro_kernel
+    assert labels == {f"packed {isa} {rows}x{cols} kc{model.machine.default_kc()}"}
+
+
+# -- the commands -----------------------------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from autofusion.cli.main import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_bench_cores_times_each_core_in_every_runtime(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("onnxruntime")
+    code, out, err = _cli(capsys, "bench-cores", "bert-tiny", "--json", "--repeat", "2", "--rounds", "2",
+                          "--no-tune")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["tuned"] is False and data["isa"] == native_isa()
+    cores = data["cores"]
+    assert {c["kind"] for c in cores} == {"gemm"} and sum(c["count_in_model"] for c in cores) > len(cores)
+    for c in cores:
+        assert set(c["median_ms"]) == {"autofusion", "onnxruntime", "openblas"}
+        assert c["ratio_vs_onnxruntime"] == pytest.approx(c["median_ms"]["autofusion"] / c["median_ms"]["onnxruntime"])
+        assert c["variant"] in ("openblas sgemm",) or c["variant"].startswith(f"packed {data['isa']} ")
+    packed = [c for c in cores if c["variant"].startswith("packed")]
+    assert packed and any(c["variant"] == "openblas sgemm" for c in cores)  # attention: two activations
+    floor = data["floor"]
+    assert floor["floor_ms"] > 0 and floor["gflop"] == pytest.approx(
+        sum(c["gflop"] * c["count_in_model"] for c in cores))
+    code, out, _ = _cli(capsys, "bench-cores", "resnet-tiny", "--repeat", "1", "--rounds", "1", "--no-tune",
+                        "--top", "2")
+    assert code == 0 and "conv [" in out and "ours/ort" in out and "GEMM floor" in out
+
+
+def test_bench_cores_on_a_model_without_cores_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from autofusion.decide import unfused_plan
+    from autofusion.export import to_onnx
+
+    b = GraphBuilder("relu_only")
+    g = b.build([b.op("Relu", b.input("x", (4, 4)))])
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(to_onnx(unfused_plan(g)).SerializeToString())
+    code, _, err = _cli(capsys, "bench-cores", str(path), "--no-tune")
+    assert code == 2 and "no MatMul, Gemm or Conv core" in err and "Traceback" not in err
+
+
+def test_run_profile_names_the_core_of_each_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "run", "bert-tiny", "--backend", "c", "--profile", "--json", "--no-tune")
+    assert code == 0, err
+    kernels = json.loads(out)["kernels"]
+    labelled = [k for k in kernels if k["cores"]]
+    assert labelled and all(k["cores"] for k in kernels if k["template"] in ("gemm_epilogue", "horizontal_gemm"))
+    assert all(not k["cores"] for k in kernels if k["template"] in ("pointwise", "reduction"))
+    isa = native_isa()
+    assert any(label.startswith(f"packed {isa} ") for k in labelled for label in k["cores"])
+    code, out, _ = _cli(capsys, "run", "bert-tiny", "--backend", "c", "--profile", "--no-tune")
+    assert code == 0 and "core" in out and f"packed {isa}" in out
