@@ -45,12 +45,12 @@ def f32(*shape: int, scale: float = 1.0) -> np.ndarray:
 # -- the default and the candidates ---------------------------------------------------------------
 
 
-def test_default_blocking_follows_the_l1_cache_and_the_micro_kernel() -> None:
-    assert MACHINE.default_kc() == 512  # 16 columns x 4 bytes x 512 rows = 32 KiB
-    assert Machine("avx512", l1d=32 * 1024).default_kc() == 256  # 32 columns: half the rows
-    assert Machine("avx512", l1d=48 * 1024).default_kc() == 384
-    assert Machine("portable", l1d=4 * 1024).default_kc() == 128  # never below KC_MIN
-    assert Machine("portable", l1d=1 << 20).default_kc() == 1024  # nor above KC_MAX
+def test_default_blocking_follows_the_l2_cache() -> None:
+    assert MACHINE.default_kc() == 512  # 512 KiB L2 / 8 = 64 KiB = 512 rows of a 32-column panel
+    assert Machine("avx512", l2=1024 * 1024).default_kc() == 1024
+    assert Machine("avx512", l2=768 * 1024).default_kc() == 768
+    assert Machine("portable", l2=64 * 1024).default_kc() == 128  # never below KC_MIN
+    assert Machine("portable", l2=1 << 24).default_kc() == 1024  # nor above KC_MAX
     with pytest.raises(ValueError, match="unknown instruction set"):
         Machine("sse9")
 

@@ -2,14 +2,15 @@
 
 For each distinct core of a plan that has a choice (a constant weight the packed kernel can take,
 large enough to matter), the tuner compiles the core alone as a one-op model, once per candidate:
-the packed kernel with K in passes of half, once and twice the default ``kc`` (from the L1 data
+the packed kernel with K in passes of half, once and twice the default ``kc`` (from the L2
 cache), and OpenBLAS's sgemm on the unpacked weight. It times them round-robin on this machine
 with the plan's thread count, and keeps the fastest; the default stays unless another candidate
 is at least MARGIN faster (the machines are noisy: a coin flip should not change the code).
 
 Results live in one JSON file per machine under the compile cache (``tuning/<fingerprint>.json``),
 keyed by core and thread count; the fingerprint covers the CPU model and flags, the compiler and
-its flags (``Toolchain.key``), so a model is tuned once per machine. A file that does not parse,
+its flags (``Toolchain.key``) and the cores' C source, so a model is tuned once per machine (and
+again after the kernels change). A file that does not parse,
 fails its checksum, names another machine or holds an invalid entry is ignored with a warning and
 rewritten, never trusted. Writes go to a temporary file moved into place: concurrent tuners lose
 at most each other's new entries, never see half a file.
@@ -17,6 +18,7 @@ at most each other's new entries, never see half a file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -43,6 +45,7 @@ from autofusion.codegen.cores import (
     cpu_model,
     this_machine,
 )
+from autofusion.codegen.templates import default_templates
 from autofusion.decide import unfused_plan
 from autofusion.decide.plan import Plan
 from autofusion.ir import GraphBuilder
@@ -92,7 +95,7 @@ class TuningStore:
     """The tuning results of one machine (toolchain fingerprint), loaded from and saved to disk."""
 
     def __init__(self, cache: CompileCache, toolchain: Toolchain, machine: Machine) -> None:
-        self.fingerprint = hashlib.sha256(f"{toolchain.key}|{machine}".encode()).hexdigest()
+        self.fingerprint = hashlib.sha256(f"{FORMAT}|{toolchain.key}|{machine}|{_kernels_digest()}".encode()).hexdigest()
         self.path = cache.root / "tuning" / f"{self.fingerprint[:24]}.json"
         self.machine = machine
         self.entries: dict[str, dict[str, Any]] = {}
@@ -155,6 +158,13 @@ class TuningStore:
             os.replace(tmp, self.path)
         except OSError as e:  # an unwritable cache costs a re-tune next time, not the run
             warnings.warn(f"tuning cache {self.path} not written: {e}", TuningCacheWarning, stacklevel=2)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels_digest() -> str:
+    """The cores' C source and the candidates' rule: results measured on other code are not reused."""
+    text = default_templates().render("af_sgemm.c.j2") + f"|{KC_MIN},{KC_MAX}|{MARGIN}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _checksum(entries: Any) -> str:

@@ -58,7 +58,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                 const int ldcol = 224;
                 float* restrict c = tile;
                 /* the tile transposed, [positions x channels]: cols^T @ the group's packed W^T */
-                af_sgemm_packed(plen, mlen, 576, 384, 1.0f, cols, 1, ldcol,
+                af_sgemm_packed(plen, mlen, 576, 1024, 1.0f, cols, 1, ldcol,
                                 t_d_conv_3_packed + gi * 36864 + m0 * 576, c, 64);
                 for (int64_t mi = 0; mi < mlen; ++mi) {
                     const int64_t i0 = n;
