@@ -38,7 +38,7 @@ def test_conv_batchnorm_relu_residual() -> None:
               b.const(np.abs(f32(16)) + 0.5))
     g = b.build([b.op("Add", b.op("Relu", bn), skip)])
     code = check(g, {"x": f32(2, 8, 10, 10), "skip": f32(2, 16, 5, 5)})
-    assert "im2col" in code and "af_sgemm_packed(" in code  # constant weights: packed, tiles transposed
+    assert "im2col" in code and "af_sgemm_packed" in code  # constant weights: packed, tiles transposed
     assert "for (int64_t o = 0;" not in code  # the whole epilogue runs on the tiles
     assert "_packed" in code and "folded_bias" in code  # BatchNormalization folded at build time
 
@@ -64,7 +64,7 @@ def test_packed_conv_channel_blocks_and_groups(channels: int, group: int) -> Non
     x = b.input("x", (1, 2 * group, 6, 6))
     g = b.build([b.op("Conv", x, b.const(f32(channels, 2, 3, 3)), group=group, pads=(1, 1, 1, 1))])
     code = check(g, {"x": f32(1, 2 * group, 6, 6)})
-    assert "af_sgemm_packed(" in code
+    assert "af_sgemm_packed" in code
 
 
 @pytest.mark.parametrize("attrs,x_shape,w_shape", [
@@ -85,8 +85,11 @@ def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[i
     y = b.op("Conv", x, b.const(f32(*w_shape)), **attrs)
     g = b.build([b.op("Clip", y, b.const(np.float32(-2.0)), b.const(np.float32(2.0)))])
     code = check(g, {"x": f32(*x_shape)})
-    assert ("/* im2col of the block" in code) == (attrs != {})
-    assert ("af_sgemm_packed(" in code) == (widen == 8)
+    # stride 1 over one plane with packed weights: the taps are read in place, no im2col copy
+    taps = widen == 8 and "strides" not in attrs and len(x_shape) == 4 and attrs != {}
+    assert ("/* im2col of the block" in code) == (attrs != {} and not taps)
+    assert ("af_sgemm_packed_taps(" in code) == taps
+    assert ("af_sgemm_packed" in code) == (widen == 8)
 
 
 def test_batchnorm_is_not_folded_when_the_conv_output_is_needed() -> None:
@@ -175,6 +178,9 @@ def test_per_thread_blocks_are_counted_and_a_single_block_of_positions_shares_it
     with one block of positions and several channel blocks the im2col matrix is computed once, by all
     threads, into the group's scratch (counted in the workspace) instead of once per task."""
     from autofusion.codegen import render_plan
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
+    im2col = FixedChooser(CoreChoice("packed", 512))  # the taps form (below) has no im2col block
 
     def kernel_of(x_shape: tuple[int, ...], channels: int):  # type: ignore[no-untyped-def]
         b = GraphBuilder("conv_blocks")
@@ -184,7 +190,7 @@ def test_per_thread_blocks_are_counted_and_a_single_block_of_positions_shares_it
         check(g, {"x": f32(*x_shape)})
         plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
                     ZERO_COST, ZERO_COST)
-        source = render_plan(plan)
+        source = render_plan(plan, chooser=im2col)
         assert source.buffers is not None
         return source.kernels[0], source.buffers
 
@@ -197,6 +203,24 @@ def test_per_thread_blocks_are_counted_and_a_single_block_of_positions_shares_it
     kernel, buffers = kernel_of((1, 64, 7, 7), 256)
     assert "shared by every task" in kernel.code
     assert kernel.scratch_bytes == 4 * 64 * 9 * 49 and kernel.thread_bytes == 4 * 64 * 49
+
+
+def test_the_taps_form_counts_its_slab_offsets_and_tile_per_thread() -> None:
+    """Reading the taps in place, a thread's block holds the task's input rows zero-padded (8 output
+    rows + 2 of the 3x3 kernel's reach, 34 columns with the padding), the offset of each (channel, tap)
+    and the transposed tile at the slab's row pitch; no scratch."""
+    from autofusion.codegen import render_plan
+
+    b = GraphBuilder("conv_taps")
+    x = b.input("x", (1, 16, 32, 32))
+    g = b.build([b.op("Relu", b.op("Conv", x, b.const(f32(64, 16, 3, 3) / np.float32(12)), pads=(1, 1, 1, 1)))])
+    check(g, {"x": f32(1, 16, 32, 32)})
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                ZERO_COST, ZERO_COST)
+    kernel = render_plan(plan).kernels[0]
+    slab, offs, tile = 16 * (8 + 2) * 34 * 4, 16 * 9 * 4, 64 * 8 * 34 * 4
+    assert "af_sgemm_packed_taps(" in kernel.code and kernel.scratch_bytes == 0
+    assert kernel.thread_bytes == -(-(slab + offs) // 64) * 64 + tile
 
 
 def test_runs_reuse_each_threads_block_instead_of_fresh_pages() -> None:
@@ -216,7 +240,9 @@ def test_runs_reuse_each_threads_block_instead_of_fresh_pages() -> None:
     template = {frozenset([conv, relu]): "conv_epilogue", frozenset([mean]): "reduction"}
     plan = Plan(g, build_groups(g, [[conv, relu], [mean]], template_of=lambda ns: template[frozenset(ns)]),
                 ZERO_COST, ZERO_COST)
-    model = CompiledModel(plan, cache=CACHE)
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
+    model = CompiledModel(plan, cache=CACHE, cores=FixedChooser(CoreChoice("packed", 512)))  # im2col
     assert model.source.kernels[0].thread_bytes >= 16 * 9 * 256 * 4  # the im2col block is over 128 KiB
     fix_malloc_threshold()
     feeds = {"x": f32(1, 16, 64, 64)}
@@ -239,7 +265,9 @@ def test_each_threads_block_is_freed_with_the_thread() -> None:
     g = b.build([b.op("Relu", b.op("Conv", x, b.const(f32(32, 64, 3, 3) / np.float32(24)), pads=(1, 1, 1, 1)))])
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
                 ZERO_COST, ZERO_COST)
-    model = CompiledModel(plan, cache=CACHE)
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
+    model = CompiledModel(plan, cache=CACHE, cores=FixedChooser(CoreChoice("packed", 512)))  # im2col
     block = model.source.kernels[0].thread_bytes
     assert block > 256 * 1024
     feeds = {"x": f32(1, 64, 64, 64)}
@@ -270,3 +298,75 @@ def test_pooling_falls_back_when_an_output_reads_the_convolution_beside_the_pool
     p = b.op("MaxPool", b.op("Relu", c), kernel_shape=(3, 3), pads=(1, 1, 1, 1))
     code = check(b.build([b.op("Add", p, b.op("Sigmoid", c))]), {"x": f32(1, 3, 12, 12)})
     assert "the pooled values of the block" not in code
+
+
+# -- stride-1 convolutions reading their taps in place (no im2col) ----------------------------------
+
+TAPS_CASES = {
+    "3x3_pad1_batch2_residual": dict(x=(2, 40, 30, 30), w=(40, 40, 3, 3), pads=(1, 1, 1, 1)),
+    "3x3_no_pad": dict(x=(1, 8, 9, 11), w=(32, 8, 3, 3), pads=(0, 0, 0, 0)),
+    "asymmetric_pads": dict(x=(1, 16, 12, 10), w=(48, 16, 3, 3), pads=(0, 1, 2, 0)),
+    "dilation2": dict(x=(1, 16, 17, 17), w=(32, 16, 3, 3), pads=(2, 2, 2, 2), dilations=(2, 2)),
+    "5x5_groups2": dict(x=(1, 32, 14, 14), w=(64, 16, 5, 5), pads=(2, 2, 2, 2), group=2),
+    "1x3_kernel": dict(x=(1, 16, 7, 20), w=(40, 16, 1, 3), pads=(0, 1, 0, 1)),
+    "1x1_with_pad": dict(x=(1, 16, 6, 6), w=(32, 16, 1, 1), pads=(1, 1, 1, 1)),
+    "7x7_layer4": dict(x=(1, 64, 7, 7), w=(96, 64, 3, 3), pads=(1, 1, 1, 1)),
+    "1d": dict(x=(2, 16, 50), w=(32, 16, 5), pads=(2, 2)),
+}
+
+
+@pytest.mark.parametrize("impl", ["taps", "packed", "blas"])
+@pytest.mark.parametrize("case", sorted(TAPS_CASES))
+def test_stride1_convolutions_read_taps_in_place(case: str, impl: str) -> None:
+    """Each stride-1 geometry with BatchNormalization, Relu and a residual, computed three ways (taps
+    read from the zero-padded input, im2col + the packed kernel, OpenBLAS), against the reference."""
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
+    spec = TAPS_CASES[case]
+    xs, ws, pads = spec["x"], spec["w"], spec["pads"]
+    dil = spec.get("dilations", (1,) * (len(xs) - 2))
+    half = len(pads) // 2
+    out_shape = (xs[0], ws[0]) + tuple(n + pads[i] + pads[i + half] - d * (k - 1)
+                                       for i, (n, k, d) in enumerate(zip(xs[2:], ws[2:], dil)))
+    m = ws[0]
+    b = GraphBuilder("taps")
+    attrs = {k: v for k, v in spec.items() if k in ("pads", "dilations", "group")}
+    c = b.op("Conv", b.input("x", xs), b.const(f32(*ws) * np.float32(0.2)), b.const(f32(m)), **attrs)
+    bn = b.op("BatchNormalization", c, b.const(f32(m)), b.const(f32(m)), b.const(f32(m)),
+              b.const(np.abs(f32(m)) + 0.5))
+    g = b.build([b.op("Add", b.op("Relu", bn), b.input("skip", out_shape))])
+    feeds = {"x": f32(*spec["x"]), "skip": f32(*out_shape)}
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                ZERO_COST, ZERO_COST)
+    model = CompiledModel(plan, cache=CACHE, cores=FixedChooser(CoreChoice(impl, 256)))
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    code = "\n".join(k.code for k in model.source.kernels)
+    assert ("af_sgemm_packed_taps(" in code) == (impl == "taps")
+    assert ("im2col of the block" in code) == (impl != "taps")
+
+
+def test_taps_are_the_default_for_stride1_and_not_for_stride2() -> None:
+    b = GraphBuilder("two")
+    x = b.input("x", (1, 8, 12, 12))
+    y = b.op("Relu", b.op("Conv", x, b.const(f32(16, 8, 3, 3)), pads=(1, 1, 1, 1)))
+    z = b.op("Conv", y, b.const(f32(16, 16, 3, 3)), pads=(1, 1, 1, 1), strides=(2, 2))
+    g = b.build([z])
+    plan = Plan(g, build_groups(g, [[g.nodes[0].name, g.nodes[1].name], [g.nodes[2].name]],
+                                template_of=lambda ns: "conv_epilogue"), ZERO_COST, ZERO_COST)
+    model = CompiledModel(plan, cache=CACHE)
+    first, second = model.source.kernels
+    assert [c.impl for _, c in first.cores] == ["taps"] and [c.impl for _, c in second.cores] == ["packed"]
+    feeds = {"x": f32(1, 8, 12, 12)}
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+
+
+def test_taps_inside_a_kernel_of_two_convolutions() -> None:
+    """A group with two convolutions renders in stages; each reads its taps in place."""
+    b = GraphBuilder("staged")
+    x = b.input("x", (1, 8, 10, 10))
+    y = b.op("Relu", b.op("Conv", x, b.const(f32(16, 8, 3, 3)), b.const(f32(16)), pads=(1, 1, 1, 1)))
+    z = b.op("Add", b.op("Conv", y, b.const(f32(16, 16, 3, 3) * np.float32(0.2)), pads=(1, 1, 1, 1)), y)
+    code = check(b.build([z]), {"x": f32(1, 8, 10, 10)})
+    assert code.count("af_sgemm_packed_taps(") == 2

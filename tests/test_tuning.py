@@ -227,35 +227,38 @@ def _horizontal_graph() -> tuple[Graph, dict[str, np.ndarray]]:
     return b.build(outs), {"x": f32(2, 21, 96)}
 
 
-def _conv_graph(groups: int = 1) -> tuple[Graph, dict[str, np.ndarray]]:
+def _conv_graph(groups: int = 1, stride: int = 2) -> tuple[Graph, dict[str, np.ndarray]]:
     b = GraphBuilder("tuned_conv")
     x = b.input("x", (1, 16, 15, 15))
     c = b.op("Conv", x, b.const(f32(32, 16 // groups, 3, 3, scale=0.2)), b.const(f32(32)), pads=(1, 1, 1, 1),
-             strides=(2, 2), group=groups)
+             strides=(stride, stride), group=groups)
     bn = b.op("BatchNormalization", c, b.const(f32(32)), b.const(f32(32)), b.const(f32(32)),
               b.const(np.abs(f32(32)) + 0.5))
     return b.build([b.op("Relu", bn)]), {"x": f32(1, 16, 15, 15)}
 
 
-CHOICES = [CoreChoice("packed", 128), CoreChoice("packed", 256), CoreChoice("packed", 1024), CoreChoice("blas")]
+CHOICES = [CoreChoice("packed", 128), CoreChoice("packed", 256), CoreChoice("packed", 1024), CoreChoice("taps", 128),
+           CoreChoice("taps", 1024), CoreChoice("blas")]
 
 
 @pytest.mark.parametrize("choice", CHOICES, ids=lambda c: f"{c.impl}{c.kc}")
-@pytest.mark.parametrize("case", ["gemm", "horizontal", "conv_bn", "conv_bn_groups"])
+@pytest.mark.parametrize("case", ["gemm", "horizontal", "conv_bn", "conv_bn_groups", "conv_bn_stride1"])
 def test_every_core_choice_matches_the_reference(tmp_path: Path, case: str, choice: CoreChoice) -> None:
     """Each candidate the tuner may pick, forced, against the reference: K over several passes,
     constant weights left unpacked for OpenBLAS (concatenated for a horizontal product, folded with
-    BatchNormalization for a convolution)."""
+    BatchNormalization for a convolution), a stride-1 convolution's taps read in place (a core that
+    cannot, takes the nearest choice it can)."""
     graph, feeds = {"gemm": _gemm_graph, "horizontal": _horizontal_graph, "conv_bn": _conv_graph,
-                    "conv_bn_groups": lambda: _conv_graph(2)}[case]()
+                    "conv_bn_groups": lambda: _conv_graph(2), "conv_bn_stride1": lambda: _conv_graph(1, 1)}[case]()
     template = {"gemm": "gemm_epilogue", "horizontal": "horizontal_gemm"}.get(case, "conv_epilogue")
     model = CompiledModel(_plan(graph, template), cache=tmp_path, cores=FixedChooser(choice))
     report = compare_outputs(run_graph(graph, feeds), model.run(feeds))
     assert report.ok, report.summary()
-    used = [c for k in model.source.kernels for _, c in k.cores]
-    assert used == [choice]
+    cores = [core for k in model.source.kernels for core in k.cores]
+    assert [c for _, c in cores] == [choice.fitting(spec) for spec, _ in cores] and len(cores) == 1
     code = "\n".join(k.code for k in model.source.kernels)
-    assert ("af_sgemm_packed(" in code) == choice.packed
+    assert ("af_sgemm_packed" in code) == choice.packed
+    assert ("af_sgemm_packed_taps(" in code) == (cores[0][1].taps)
 
 
 def test_depthwise_convolution_with_batchnorm_reads_the_folded_weights(tmp_path: Path) -> None:

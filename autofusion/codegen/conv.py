@@ -143,7 +143,14 @@ class _Conv:
         packable = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
         geometry = (tuple(xs), tuple(ws), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
                     tuple(win.dilations), (groups,))
-        choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry))
+        outputs = [] if only_into else list(k.group.outputs)
+        pool = None if only_into else self._pooling(y, outputs)
+        # stride 1 over one plane: output positions at the padded input's row pitch are an affine walk
+        # through it, so the taps can be read in place instead of copied by im2col
+        direct_ok = (packable and im2col and pool is None and (sd, sh, sw) == (1, 1, 1) and ind == 1
+                     and kd == 1)
+        choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry,
+                                 taps=direct_ok))
         packed, self.k_pass = choice.packed, choice.kc
         if packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             w_ptr = k.derived_constant(f"{core.name}_packed", np.concatenate(
@@ -155,8 +162,6 @@ class _Conv:
         self.y = y
         ys = g.types[y].shape
 
-        outputs = [] if only_into else list(k.group.outputs)
-        pool = None if only_into else self._pooling(y, outputs)
         if pool is not None:
             with contextlib.suppress(Misaligned):  # the pooling op's input is not elementwise in the tile: below
                 return self._render_pooled(pool, y, bias, packed, w_ptr, x_ptr, outputs, dict(
@@ -191,6 +196,13 @@ class _Conv:
         pb = min(p, ow * rows_per_tile)
         mb = _channel_block(mg, n_img * groups * -(-p // pb), packed)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
+        direct = None
+        pitch = ow  # tile rows per output row: the padded input's width when the taps are read in place
+        if choice.taps:  # each task's slab: its input rows, zero-padded, for every channel of the group
+            _, _, pwe = _pad3(list(win.pad_end), 0)
+            pitch = inw + pw + pwe
+            rows = pb // ow + (kh - 1) * dh
+            direct = {"iwp": pitch, "rows": rows, "slab_bytes": -(-cg * rows * pitch * 4 // 64) * 64}
         if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
             c_ptr, ldc = "tile", mb
@@ -200,7 +212,7 @@ class _Conv:
             c_ptr, ldc = "tile", pb
 
         inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl, transposed=packed)
+        inl.overrides[y] = self._tile_override(ldc, pitch, bias, inl, transposed=packed)
         body = Block()
         idx = self._y_index()
         for t, dest in aligned:
@@ -219,15 +231,19 @@ class _Conv:
         parallel = flops >= PARALLEL_MIN_FLOPS
         # one image, one group, one block of positions: every channel block needs the same im2col matrix,
         # computed once by all threads into scratch instead of once per task
-        shared_col = (k.scratch(kc * p * 4) if im2col and parallel and n_img * groups == 1 and tiles_p == 1
-                      and tiles_m > 1 else None)
-        tile_floats = mb * pb if packed or not ybuf else 0
-        col_bytes, tile_bytes = _blocks(k, kc * pb if im2col and shared_col is None else 0, tile_floats, 1)
+        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and parallel and n_img * groups == 1
+                      and tiles_p == 1 and tiles_m > 1 else None)
+        tile_floats = mb * (pb // ow) * pitch if packed or not ybuf else 0
+        col_floats = kc * pb if im2col and direct is None and shared_col is None else 0
+        if direct is not None:  # the slab and the offset table take the im2col block's place
+            col_floats = (direct["slab_bytes"] + kc * 4) // 4
+        col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 1)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         return k.templates.render(
             "conv_epilogue.c.j2", k_pass=self.k_pass,
             comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
-                                   f"im2col {'yes' if im2col else 'no'}; epilogue per tile: {ops}"),
+                                   f"{'taps read in place' if direct else 'im2col ' + ('yes' if im2col else 'no')}; "
+                                   f"epilogue per tile: {ops}"), direct=direct, pitch=pitch,
             prologue=self.prologue, epilogue=self.epilogue, parallel=parallel, shared_col=shared_col,
             tile_floats=tile_floats, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed,
             w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
@@ -315,7 +331,7 @@ class _Conv:
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
         col_bytes, tile_bytes = _blocks(k, geo["kc"] * pb if geo["im2col"] else 0, mb * pb, 2)  # tile and pin
         return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass,
+            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=None,
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if geo['im2col'] else 'no'}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),

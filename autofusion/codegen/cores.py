@@ -8,8 +8,8 @@ while it renders and records the answer in the kernel (``KernelSource.cores``), 
 name the variant each kernel ran.
 
 The default chooser decides from what the machine reports (instruction set, L2 cache): the packed
-kernel wherever the weight can be packed, ``kc`` so that one pass's slice of a panel takes an
-eighth of L2. The runtime's tuner (autofusion/runtime/tuning.py) times candidates instead.
+kernel wherever the weight can be packed (reading a stride-1 convolution's taps in place), ``kc``
+so that one pass's slice of a panel takes an eighth of L2. The runtime's tuner (autofusion/runtime/tuning.py) times candidates instead.
 
 >>> machine = Machine("avx2", l1d=32 * 1024, l2=512 * 1024)
 >>> DefaultChooser(machine).choose(CoreSpec("gemm", 128, 3072, 768, packable=True)).label(machine)
@@ -29,7 +29,7 @@ MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable"
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_ROW_BYTES = 32 * 4  # one row of a packed panel (PACK_NR floats, codegen/gemm.py)
-IMPLS = ("packed", "blas")
+IMPLS = ("packed", "taps", "blas")  # "taps": packed weights, a stride-1 convolution read in place
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class CoreSpec:
     packable: bool = False
     calls: int = 1
     geometry: tuple[tuple[int, ...], ...] = ()
+    taps: bool = False  # a convolution that can read its taps in place from a padded input (stride 1)
 
     @property
     def flops(self) -> int:
@@ -81,7 +82,7 @@ class CoreSpec:
     def key(self) -> str:
         """A stable text key: equal for cores that run the same code on the same sizes."""
         geo = ";".join(",".join(str(v) for v in part) for part in self.geometry)
-        return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{int(self.packable)}:{geo}"
+        return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{int(self.packable)}{int(self.taps)}:{geo}"
 
     def describe(self) -> str:
         shape = f"[{self.m} x {self.k}] @ [{self.k} x {self.n}]"
@@ -90,7 +91,9 @@ class CoreSpec:
 
 @dataclass(frozen=True)
 class CoreChoice:
-    """How a core is computed: ``packed`` with ``kc`` rows of K per pass, or OpenBLAS's ``blas``."""
+    """How a core is computed: ``packed`` with ``kc`` rows of K per pass, ``taps`` (packed, and a
+    convolution's taps read in place from its zero-padded input instead of an im2col copy), or
+    OpenBLAS's ``blas``."""
 
     impl: str
     kc: int = 0
@@ -98,18 +101,31 @@ class CoreChoice:
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
             raise ValueError(f"unknown core implementation {self.impl!r}; one of {', '.join(IMPLS)}")
-        if self.impl == "packed" and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
+        if self.impl != "blas" and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
             raise ValueError(f"kc {self.kc} out of range for the packed kernel")
 
     @property
     def packed(self) -> bool:
-        return self.impl == "packed"
+        """Whether the weight is packed (the runtime's kernel computes the product)."""
+        return self.impl != "blas"
+
+    @property
+    def taps(self) -> bool:
+        return self.impl == "taps"
 
     def label(self, machine: Machine) -> str:
         if not self.packed:
             return "openblas sgemm"
         rows, cols = machine.micro_kernel
-        return f"packed {machine.isa} {rows}x{cols} kc{self.kc}"
+        return f"{'taps' if self.taps else 'packed'} {machine.isa} {rows}x{cols} kc{self.kc}"
+
+    def fitting(self, core: CoreSpec) -> CoreChoice:
+        """This choice where ``core`` can take it, else the nearest one it can."""
+        if self.packed and not core.packable:
+            return CoreChoice("blas")
+        if self.taps and not core.taps:
+            return CoreChoice("packed", self.kc)
+        return self
 
 
 class CoreChooser(Protocol):
@@ -127,18 +143,18 @@ class DefaultChooser:
         self.machine = machine or this_machine()
 
     def choose(self, core: CoreSpec) -> CoreChoice:
-        return CoreChoice("packed", self.machine.default_kc()) if core.packable else CoreChoice("blas")
+        return CoreChoice("taps", self.machine.default_kc()).fitting(core)
 
 
 class FixedChooser:
-    """One choice for every packable core (the tuner's candidates, tests of each variant)."""
+    """One choice for every core that can take it (the tuner's candidates, tests of each variant)."""
 
     def __init__(self, choice: CoreChoice, machine: Machine | None = None) -> None:
         self.machine = machine or this_machine()
         self.choice = choice
 
     def choose(self, core: CoreSpec) -> CoreChoice:
-        return self.choice if core.packable else CoreChoice("blas")
+        return self.choice.fitting(core)
 
 
 def native_isa(flags: frozenset[str] | None = None) -> str:

@@ -76,13 +76,17 @@ class TuningCacheWarning(UserWarning):
 
 
 def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
-    """The default first, then the other K blockings that differ for this K, then OpenBLAS."""
+    """The default first; for a convolution that can read its taps in place, the im2col form
+    too; then the other K blockings that differ for this K; then OpenBLAS."""
     base = machine.default_kc()
-    out = [CoreChoice("packed", base)]
+    impl = "taps" if spec.taps else "packed"
+    out = [CoreChoice(impl, base)] + ([CoreChoice("packed", base)] if spec.taps else [])
+    seen = {base}
     for kc in (base // 2, base * 2):
         kc = max(KC_MIN, min(KC_MAX, kc))
-        if kc != base and min(kc, spec.k) != min(base, spec.k) and all(c.kc != kc for c in out):
-            out.append(CoreChoice("packed", kc))
+        if kc not in seen and min(kc, spec.k) != min(base, spec.k):
+            seen.add(kc)
+            out.append(CoreChoice(impl, kc))
     out.append(CoreChoice("blas"))
     return out
 

@@ -5,14 +5,20 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
 {
     (void)scratch;
     (void)nt;
-    /* Conv conv_3: [1, 64, 56, 56] * [64, 64, 3, 3] -> [1, 64, 56, 56], group 1, im2col yes; epilogue per tile: Conv -> Add -> Relu */
+    /* Conv conv_3: [1, 64, 56, 56] * [64, 64, 3, 3] -> [1, 64, 56, 56], group 1, taps read in place; epilogue per tile: Conv -> Add -> Relu */
     {
         scipy_openblas_set_num_threads(1); /* tiles run in parallel, one sgemm per thread at a time */
         #pragma omp parallel num_threads(nt)
         {
-            char* restrict block = (char*)af_thread_block(573440); /* this thread's */
-            float* restrict col = (float*)block; /* im2col block */
-            float* restrict tile = (float*)(block + 516096);
+            char* restrict block = (char*)af_thread_block(150784); /* this thread's */
+            /* this thread's slab: a block's input rows zero-padded, [channel][row][column]; offs: where each
+               (channel, tap) starts in it, so that the taps are read in place (af_sgemm_packed_taps) */
+            float* restrict slab = (float*)block;
+            int32_t* restrict offs = (int32_t*)(block + 89088);
+            for (int64_t row = 0; row < 576; ++row)
+                offs[row] = (int32_t)(row / 9 * 348 + row / 3 % 3 * 58
+                                      + row % 3 * 1);
+            float* restrict tile = (float*)(block + 91392);
             /* one task per (image, group, channel block, block of whole output rows): no barrier between them */
             #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < 14; ++t) {
@@ -23,43 +29,27 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                 const int mlen = (int)(64 - m0 < 64 ? 64 - m0 : 64);
                 const int plen = (int)(3136 - p0 < 224 ? 3136 - p0 : 224);
                 const float* restrict xg = t_x + (n * 64 + gi * 64) * 3136;
-                /* im2col of the block: row (c, kd, kh, kw) holds the input under that tap at each output position */
-                for (int64_t row = 0; row < 576; ++row) {
-                    const int64_t c = row / 9;
-                    const int64_t kd = row / 9 % 1;
-                    const int64_t kh = row / 3 % 3;
-                    const int64_t kw = row % 3;
-                    const float* restrict xc = xg + c * 3136;
-                    float* restrict dst = col + row * 224 - p0;
-                    /* output columns whose input column is inside the image */
-                    int64_t ow_lo = (1 - kw * 1 + 0) / 1;
-                    int64_t ow_hi = (56 - kw * 1) / 1 + 1;
-                    if (1 - kw * 1 < 0) ow_lo = 0;
-                    if (56 - kw * 1 < 0) ow_hi = 0;
-                    if (ow_hi > 56) ow_hi = 56;
-                    if (ow_lo > ow_hi) ow_lo = ow_hi;
-                    const int64_t shift = kw * 1 - 1;
-                    for (int64_t sp = p0 / 56; sp < (p0 + plen) / 56; ++sp) {
-                        const int64_t od = sp / 56, oh = sp % 56;
-                        const int64_t id = od * 1 - 0 + kd * 1;
-                        const int64_t ih = oh * 1 - 1 + kh * 1;
-                        float* restrict out = dst + sp * 56;
-                        if (id < 0 || id >= 1 || ih < 0 || ih >= 56) {
-                            for (int64_t wo = 0; wo < 56; ++wo) out[wo] = 0.0f;
+                /* the block's input rows (1.x times the input, where im2col copies it once per tap) */
+                const int64_t q0 = p0 / 56, srows = plen / 56 + 2;
+                for (int64_t ch = 0; ch < 64; ++ch)
+                    for (int64_t r = 0; r < srows; ++r) {
+                        float* restrict dst = slab + (ch * 6 + r) * 58;
+                        const int64_t y = q0 + r - 1;
+                        if (y < 0 || y >= 56) {
+                            memset(dst, 0, 58 * sizeof(float));
                             continue;
                         }
-                        const float* restrict src = xc + (id * 56 + ih) * 56;
-                        for (int64_t wo = 0; wo < ow_lo; ++wo) out[wo] = 0.0f;
-                        for (int64_t wo = ow_lo; wo < ow_hi; ++wo) out[wo] = src[wo * 1 + shift];
-                        for (int64_t wo = ow_hi; wo < 56; ++wo) out[wo] = 0.0f;
+                        memset(dst, 0, 1 * sizeof(float));
+                        memcpy(dst + 1, xg + ch * 3136 + y * 56, 56 * sizeof(float));
+                        memset(dst + 57, 0, 1 * sizeof(float));
                     }
-                }
-                const float* restrict cols = col;
-                const int ldcol = 224;
+                /* positions at the slab's row pitch: the columns past ow of each row are computed, not read */
+                const float* restrict cols = slab;
+                const int prows = (int)((plen / 56 - 1) * 58 + 56);
                 float* restrict c = tile;
-                /* the tile transposed, [positions x channels]: cols^T @ the group's packed W^T */
-                af_sgemm_packed(plen, mlen, 576, 1024, 1.0f, cols, 1, ldcol,
-                                t_d_conv_3_packed + gi * 36864 + m0 * 576, c, 64);
+                /* the tile transposed, [positions x channels]: the taps (read in place) @ the packed W^T */
+                af_sgemm_packed_taps(prows, mlen, 576, 1024, 1.0f, cols, offs,
+                                     t_d_conv_3_packed + gi * 36864 + m0 * 576, c, 64);
                 for (int64_t mi = 0; mi < mlen; ++mi) {
                     const int64_t i0 = n;
                     const int64_t i1 = gi * 64 + m0 + mi;
@@ -71,7 +61,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                         for (int64_t ow = 0; ow < 56; ++ow) {
                             const int64_t i3 = ow;
                             const float v5 = t_const_2[i1];
-                            const float v6 = c[(q * 56 + ow) * 64 + mi] + v5;
+                            const float v6 = c[(q * 58 + ow) * 64 + mi] + v5;
                             const float v7 = t_skip[i1 * 3136 + i2 * 56 + i3];
                             const float v8 = v6 + v7;
                             const float v9 = (v8 < 0.0f ? 0.0f : v8);
