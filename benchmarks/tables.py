@@ -72,7 +72,33 @@ def memory_row(case: str, data: dict[str, Any]) -> str:
             f"{ratio(u.get('footprint_bytes'), f.get('footprint_bytes'))} |")
 
 
+def cores_table(data: dict[str, Any]) -> str:
+    """One bench-cores result: every distinct core, ours / onnxruntime / OpenBLAS medians and ratios."""
+    lines = ["| core | in model | variant | ours ms | onnxruntime ms | OpenBLAS ms | ours / ort | ours / OpenBLAS "
+             "| ours GFLOP/s |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in data["cores"]:
+        t = c["median_ms"]
+        lines.append(f"| {c['core']} | {c['count_in_model']} | {c['variant']} | {t.get('autofusion', 0):.3f} | "
+                     f"{t.get('onnxruntime', 0):.3f} | {t.get('openblas', 0):.3f} | {_x(c['ratio_vs_onnxruntime'])} | "
+                     f"{_x(c['ratio_vs_openblas'])} | {c['gflops'].get('autofusion', 0):.0f} |")
+    floor = data["floor"]
+    if "floor_ms" in floor:
+        lines.append(f"\nGEMM floor {floor['floor_ms']:.2f} ms ({floor['gflop']:.2f} GFLOP at the run's best "
+                     f"{floor['best_gflops']:.0f} GFLOP/s, {floor['best_by']}); our cores alone x their count "
+                     f"{floor['cores_alone_ms']:.2f} ms.")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    for path in sorted(RESULTS.glob("cores_*.json")):
+        data = json.loads(path.read_text())
+        env = data.get("environment") or {}
+        print(f"### {path.stem}\n")
+        print(f"{data['machine']['cpu']}, kernels built for {data['isa']}"
+              + (f", {', '.join(f'{k}={v}' for k, v in env.items())}" if env else "")
+              + f"; {data['rounds']} rounds x {data['repeat']} runs, {data['threads']} threads; load average "
+              f"{data['load_average_before']} / {data['load_average_after']}\n")
+        print(cores_table(data) + "\n")
     files = sorted(RESULTS.glob("bench_*.json"))
     memory = ["| case | unfused activations | fused activations | fused / unfused | unfused with per-thread blocks "
               "| fused with per-thread blocks | fused / unfused |",

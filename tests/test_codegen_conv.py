@@ -370,3 +370,20 @@ def test_taps_inside_a_kernel_of_two_convolutions() -> None:
     z = b.op("Add", b.op("Conv", y, b.const(f32(16, 16, 3, 3) * np.float32(0.2)), pads=(1, 1, 1, 1)), y)
     code = check(b.build([z]), {"x": f32(1, 8, 10, 10)})
     assert code.count("af_sgemm_packed_taps(") == 2
+
+
+@pytest.mark.parametrize("case", ["depth_padding", "negative_pads"])
+def test_convolutions_the_taps_form_cannot_take_use_im2col(case: str) -> None:
+    """Padding along a unit depth axis gives several output planes, and negative pads crop: both stay on
+    im2col, and compute what the reference does."""
+    b = GraphBuilder("no_taps")
+    if case == "depth_padding":
+        x = b.input("x", (1, 16, 1, 8, 8))
+        y = b.op("Conv", x, b.const(f32(32, 16, 1, 3, 3)), pads=(1, 1, 1, 1, 1, 1))
+        feeds = {"x": f32(1, 16, 1, 8, 8)}
+    else:
+        x = b.input("x", (1, 16, 8, 8))
+        y = b.op("Conv", x, b.const(f32(32, 16, 3, 3)), pads=(0, -1, 0, -1))
+        feeds = {"x": f32(1, 16, 8, 8)}
+    code = check(b.build([b.op("Relu", y)]), feeds)
+    assert "af_sgemm_packed_taps(" not in code and "af_sgemm_packed(" in code

@@ -98,7 +98,7 @@ def one_group(g: Graph, template: str) -> Plan:
 def test_rendered_kernel_matches_snapshot(name: str) -> None:
     g, template = CASES[name]()
     plan = one_group(g, template)
-    # a fixed machine: the default blocking follows the L1 data cache, which differs between CPUs
+    # a fixed machine: the default blocking follows the L2 cache, which differs between CPUs
     kernel = render_group(g, plan.groups[0], TemplateSet(), chooser=DefaultChooser(GOLDEN_MACHINE))
     assert kernel is not None
     path = GOLDEN / name

@@ -325,9 +325,13 @@ def test_the_toolchain_builds_for_the_instruction_set_asked_for(monkeypatch: pyt
 
 
 def test_a_library_this_cpu_cannot_run_is_refused_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
     from autofusion.runtime import toolchain
 
-    tc = detect_toolchain(isa="avx512")
+    native = detect_toolchain(isa="avx512")  # built with -march=native where this CPU has AVX-512
+    tc = dataclasses.replace(native, cflags=tuple(f for f in native.cflags if f != "-march=native")
+                             + ("-march=skylake-avx512",))
     monkeypatch.setattr(toolchain, "cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma"}))
     assert not tc.runnable
     g, feeds = _gemm_graph()
@@ -407,3 +411,73 @@ def test_run_profile_names_the_core_of_each_kernel(capsys: pytest.CaptureFixture
     assert any(label.startswith(f"packed {isa} ") for k in labelled for label in k["cores"])
     code, out, _ = _cli(capsys, "run", "bert-tiny", "--backend", "c", "--profile", "--no-tune")
     assert code == 0 and "core" in out and f"packed {isa}" in out
+
+
+
+def test_a_deeply_nested_cache_file_is_ignored_too(tmp_path: Path) -> None:
+    store = _stored(tmp_path)
+    store.path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.warns(TuningCacheWarning, match="ignored"):
+        assert _tuner(tmp_path, {}, []).store.entries == {}
+
+
+def test_a_stored_choice_the_core_cannot_take_is_not_forced(tmp_path: Path) -> None:
+    from autofusion.runtime.tuning import _checksum
+
+    store = _stored(tmp_path)
+    data = json.loads(store.path.read_text())
+    next(iter(data["entries"].values())).update(impl="taps", kc=512)  # a GEMM cannot read taps
+    data["checksum"] = _checksum(data["entries"])
+    store.path.write_text(json.dumps(data))
+    assert _tuner(tmp_path, {}, []).store.get(BIG, 2) == CoreChoice("packed", 512)
+
+
+def test_two_tuners_saving_keep_each_others_entries(tmp_path: Path) -> None:
+    other = CoreSpec("gemm", 128, 3072, 768, packable=True)
+    times = {c: 3e-4 for c in candidates(BIG, MACHINE)}
+    first, second = _tuner(tmp_path, times, []), _tuner(tmp_path, times, [])  # both load an empty file
+    first.choose(BIG)
+    second.choose(other)  # saves after the first: must not drop the first's entry
+    third = _tuner(tmp_path, times, [])
+    assert third.store.get(BIG, 2) is not None and third.store.get(other, 2) is not None
+    assert oct(third.store.path.stat().st_mode & 0o777) == "0o644"
+    assert not list(third.store.path.parent.glob(".tuning-*"))  # no temporary file left behind
+
+
+def test_a_batch_of_unfolded_products_is_not_tuned(tmp_path: Path) -> None:
+    built: list[CoreChoice] = []
+    batched = CoreSpec("gemm", 128, 768, 768, packable=True, calls=4)
+    assert _tuner(tmp_path, {}, built).choose(batched) == CoreChoice("packed", 512) and built == []
+
+
+def test_a_runtime_that_cannot_take_a_core_is_skipped_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.bench import cores as bench_cores
+
+    def broken(spec: CoreSpec, threads: int) -> None:
+        raise RuntimeError("no kernel for this op")
+
+    monkeypatch.setattr(bench_cores, "_onnxruntime", broken)
+    spec = CoreSpec("gemm", 8, 64, 64, packable=True)
+    machine = Machine(native_isa())
+    [result] = bench_cores.measure_cores([(spec, CoreChoice("packed", 256), 1)], machine, 1, runs=1, rounds=1)
+    assert result.skipped == {"onnxruntime": "RuntimeError: no kernel for this op"}
+    assert set(result.times_ms) == {"autofusion", "openblas"}
+
+
+def test_an_unknown_instruction_set_is_a_clear_error_at_the_command_line(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOFUSION_ISA", "sse9")
+    code, _, err = _cli(capsys, "run", "bert-tiny", "--backend", "c")
+    assert code == 2 and "unknown instruction set 'sse9'" in err and "internal error" not in err
+
+
+def test_a_forced_instruction_set_needs_every_extension_its_march_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.runtime import toolchain
+
+    tc = detect_toolchain(isa="avx2")
+    if "-march=native" in tc.cflags:
+        pytest.skip("avx2 is this CPU's own instruction set: built with -march=native")
+    monkeypatch.setattr(toolchain, "cpu_flags", lambda: frozenset({"avx", "avx2", "fma", "bmi1", "f16c", "movbe", "abm"}))
+    assert not tc.runnable  # no BMI2: -march=haswell may emit it
+    monkeypatch.setattr(toolchain, "cpu_flags", lambda: frozenset(toolchain.ISA_NEEDS["avx2"]))
+    assert tc.runnable

@@ -3,7 +3,8 @@
 For each core of the compiled plan (a MatMul/Gemm or Conv shape, with the implementation the plan
 uses: tuned or default), three runners time the same single op on the same data, in one process,
 round after round with a pause between runners so one runtime's spinning threads do not take the
-cores from the next:
+cores from the next (each block of timed runs follows untimed ones that wake the threads up, and lasts
+at least BLOCK_SECONDS):
 
 * ``autofusion``: the op compiled alone with the plan's choice for that core (tiles and threads
   as in the model);
@@ -17,6 +18,7 @@ the best rate any runner reached on any core in the run.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +33,8 @@ from autofusion.runtime.tuning import core_graph
 
 RUNNERS = ("autofusion", "onnxruntime", "openblas")
 PAUSE_SECONDS = 0.2
+WAKE_RUNS = 3
+BLOCK_SECONDS = 0.03  # a 0.2 ms core timed 10 times after a pause is timed waking up, not running
 
 
 @dataclass
@@ -118,8 +122,8 @@ def measure_cores(cores: list[tuple[CoreSpec, CoreChoice, int]], machine: Machin
                   runs: int = 10, rounds: int = 3, cache: Any = None,
                   progress: Callable[[int, int, str], None] | None = None,
                   runners: tuple[str, ...] = RUNNERS) -> list[CoreResult]:
-    """Time each core in each runner: ``rounds`` rounds of ``runs`` runs (2 warm-up runs first),
-    runners in turn, every other round in reverse order."""
+    """Time each core in each runner: ``rounds`` rounds of at least ``runs`` runs (more for a core
+    shorter than BLOCK_SECONDS / runs), runners in turn, every other round in reverse order."""
     results = []
     for i, (spec, choice, count) in enumerate(cores):
         if progress is not None:
@@ -136,14 +140,20 @@ def measure_cores(cores: list[tuple[CoreSpec, CoreChoice, int]], machine: Machin
                     calls[name] = _openblas(spec)
             except ImportError as e:
                 result.skipped[name] = f"not installed ({e.name})"
+            except Exception as e:  # noqa: BLE001 - a runtime that cannot take the op is reported, not fatal
+                if name == "autofusion":
+                    raise
+                result.skipped[name] = f"{type(e).__name__}: {str(e)[:200]}"
         samples: dict[str, list[float]] = {name: [] for name in calls}
-        for fn in calls.values():  # warm up
-            _timed(fn, 2)
+        block: dict[str, int] = {}
+        for name, fn in calls.items():  # warm up; a block of runs lasts at least BLOCK_SECONDS
+            block[name] = max(runs, math.ceil(BLOCK_SECONDS / max(min(_timed(fn, 3)), 1e-7)))
         order = list(calls)
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 time.sleep(PAUSE_SECONDS)
-                samples[name] += _timed(calls[name], runs)
+                _timed(calls[name], WAKE_RUNS)  # threads that slept through the pause wake up untimed
+                samples[name] += _timed(calls[name], block[name])
         result.times_ms = {name: statistics.median(s) * 1e3 for name, s in samples.items()}
         results.append(result)
     if progress is not None:

@@ -169,7 +169,7 @@ def machine_info() -> dict[str, Any]:
         "isa": native_isa(),
         "l1d_bytes": l1d,
         "l2_bytes": l2,
-        "kernels_built_for": os.environ.get("AUTOFUSION_ISA") or native_isa(),
+        "kernels_built_for": _kernels_isa(),
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "cpus_usable": cpu_count(),
         "cpus_total": os.cpu_count(),
@@ -182,6 +182,15 @@ def machine_info() -> dict[str, Any]:
         if mod is not None:
             info[module] = getattr(mod, "__version__", "?")
     return info
+
+
+def _kernels_isa() -> str:
+    from autofusion.runtime.toolchain import CompileError, detect_toolchain
+
+    try:
+        return detect_toolchain().isa
+    except CompileError as e:
+        return f"none ({e})"
 
 
 @contextmanager

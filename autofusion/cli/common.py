@@ -31,9 +31,10 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, not a bug: reported in one line, exit status 2."""
     from autofusion.frontends.onnx_import import OnnxImportError
     from autofusion.models import ModelSizeError, UnknownModelError, WeightError
+    from autofusion.runtime.toolchain import CompileError
 
     return (CliError, OnnxImportError, UnknownModelError, ModelSizeError, WeightError, ShapeError, VerifyError,
-            UnknownOpError, InterpreterError, FileNotFoundError, IsADirectoryError, PermissionError)
+            UnknownOpError, InterpreterError, FileNotFoundError, IsADirectoryError, PermissionError, CompileError)
 
 
 def error(message: str, stream: TextIO | None = None) -> None:

@@ -145,10 +145,10 @@ class _Conv:
                     tuple(win.dilations), (groups,))
         outputs = [] if only_into else list(k.group.outputs)
         pool = None if only_into else self._pooling(y, outputs)
-        # stride 1 over one plane: output positions at the padded input's row pitch are an affine walk
-        # through it, so the taps can be read in place instead of copied by im2col
-        direct_ok = (packable and im2col and pool is None and (sd, sh, sw) == (1, 1, 1) and ind == 1
-                     and kd == 1)
+        # stride 1 over one plane (no depth, no negative pads, which crop): output positions at the
+        # padded input's row pitch are an affine walk through it, so the taps can be read in place
+        direct_ok = (packable and im2col and pool is None and (sd, sh, sw) == (1, 1, 1) and od == 1
+                     and kd == 1 and min(win.pad_begin + win.pad_end) >= 0)
         choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry,
                                  taps=direct_ok))
         packed, self.k_pass = choice.packed, choice.kc

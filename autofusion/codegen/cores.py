@@ -19,6 +19,7 @@ so that one pass's slice of a panel takes an eighth of L2. The runtime's tuner (
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,10 +206,19 @@ def cache_sizes() -> tuple[int, int]:
     return l1d, l2
 
 
+def requested_isa(isa: str | None = None) -> str:
+    """``isa``, else ``$AUTOFUSION_ISA``, else the best instruction set this CPU runs; ValueError
+    for a name that is none of ISAS."""
+    wanted = (isa or os.environ.get("AUTOFUSION_ISA") or "").strip().lower() or native_isa()
+    if wanted not in ISAS:
+        raise ValueError(f"unknown instruction set {wanted!r} (AUTOFUSION_ISA or isa=); one of {', '.join(ISAS)}")
+    return wanted
+
+
 def this_machine(isa: str | None = None) -> Machine:
-    """This CPU's caches, with the instruction set ``isa`` (default: the best it runs)."""
+    """This CPU's caches, with the instruction set ``isa`` (default: ``requested_isa()``)."""
     l1d, l2 = cache_sizes()
-    return Machine(isa or native_isa(), l1d, l2)
+    return Machine(requested_isa(isa), l1d, l2)
 
 
 def cpu_model() -> str:

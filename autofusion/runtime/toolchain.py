@@ -22,7 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from autofusion.codegen.cores import ISAS, cpu_flags, native_isa
+from autofusion.codegen import cores
+from autofusion.codegen.cores import cpu_flags, native_isa
 
 
 class CompileError(RuntimeError):
@@ -32,8 +33,9 @@ class CompileError(RuntimeError):
 # -march for each instruction set when it is not the CPU's own (a class of CPUs that has it)
 ISA_MARCH = {"avx512": "-march=skylake-avx512", "avx2": "-march=haswell", "avx": "-march=sandybridge",
              "portable": "-march=x86-64"}
-ISA_NEEDS = {"avx512": frozenset({"avx512f"}), "avx2": frozenset({"avx2", "fma"}), "avx": frozenset({"avx"}),
-             "portable": frozenset()}
+ISA_NEEDS = {"avx512": frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
+             "avx2": frozenset({"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"}),
+             "avx": frozenset({"avx", "sse4_2", "popcnt", "aes", "pclmulqdq"}), "portable": frozenset()}
 
 
 _PROBE = """
@@ -64,7 +66,9 @@ class Toolchain:
     @property
     def runnable(self) -> bool:
         """Whether this CPU can run code built for ``isa``."""
-        return self.isa == "portable" or ISA_NEEDS[self.isa] <= cpu_flags()
+        if self.isa == "portable" or (self.isa == native_isa() and "-march=native" in self.cflags):
+            return True
+        return ISA_NEEDS[self.isa] <= cpu_flags()
 
     @functools.cached_property
     def key(self) -> str:
@@ -110,10 +114,10 @@ def compiler_name() -> str:
 
 def requested_isa(isa: str | None = None) -> str:
     """``isa``, else ``$AUTOFUSION_ISA``, else the best instruction set this CPU runs."""
-    wanted = (isa or os.environ.get("AUTOFUSION_ISA") or "").strip().lower() or native_isa()
-    if wanted not in ISAS:
-        raise CompileError(f"unknown instruction set {wanted!r} (AUTOFUSION_ISA or isa=); one of {', '.join(ISAS)}")
-    return wanted
+    try:
+        return cores.requested_isa(isa)
+    except ValueError as e:
+        raise CompileError(str(e)) from None
 
 
 def _march(isa: str) -> str:

@@ -1,11 +1,13 @@
 """Measured choice of each matrix-product core (autotuning), cached per machine.
 
 For each distinct core of a plan that has a choice (a constant weight the packed kernel can take,
-large enough to matter), the tuner compiles the core alone as a one-op model, once per candidate:
-the packed kernel with K in passes of half, once and twice the default ``kc`` (from the L2
-cache), and OpenBLAS's sgemm on the unpacked weight. It times them round-robin on this machine
-with the plan's thread count, and keeps the fastest; the default stays unless another candidate
-is at least MARGIN faster (the machines are noisy: a coin flip should not change the code).
+large enough to matter), the tuner compiles the core alone as a one-op model, once per candidate
+(``candidates``: the packed kernel with K in passes of half, once and twice the default ``kc``,
+from the L2 cache; for a stride-1 convolution its taps read in place and the im2col form; and
+OpenBLAS's sgemm on the unpacked weight). It times them round-robin on this machine with the plan's
+thread count (each sample a run repeated for SAMPLE_SECONDS; a candidate's time is its fastest
+sample, as interference only adds time), and keeps the fastest; the default stays unless another
+candidate is at least MARGIN faster (the machines are noisy: a coin flip should not change the code).
 
 Results live in one JSON file per machine under the compile cache (``tuning/<fingerprint>.json``),
 keyed by core and thread count; the fingerprint covers the CPU model and flags, the compiler and
@@ -18,13 +20,14 @@ at most each other's new entries, never see half a file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import math
 import os
-import statistics
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -54,6 +57,7 @@ from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.toolchain import Toolchain
 
 FORMAT = 1
+CORE_TEMPLATES = ("af_sgemm.c.j2", "gemm_epilogue.c.j2", "conv_epilogue.c.j2")  # what a tuned core runs
 TUNE_MIN_FLOPS = 1 << 24  # smaller products take microseconds: the default is as good as any
 MARGIN = 0.03  # a candidate replaces the default only when at least 3 % faster
 ROUNDS = 7  # timed samples per candidate, taken round-robin
@@ -92,7 +96,9 @@ def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
 
 
 def tunable(spec: CoreSpec) -> bool:
-    return spec.packable and spec.flops >= TUNE_MIN_FLOPS
+    """Large enough to matter, with a choice, and a shape ``core_graph`` rebuilds as it runs (a GEMM
+    whose batch is not folded into its rows would be timed as one taller product)."""
+    return spec.packable and spec.flops >= TUNE_MIN_FLOPS and (spec.kind == "conv" or spec.calls == 1)
 
 
 class TuningStore:
@@ -104,6 +110,7 @@ class TuningStore:
         self.machine = machine
         self.entries: dict[str, dict[str, Any]] = {}
         self.problem = ""  # why the file on disk was ignored, if it was
+        self._lock = threading.Lock()
         self._load()
 
     @staticmethod
@@ -112,9 +119,15 @@ class TuningStore:
 
     def get(self, spec: CoreSpec, threads: int) -> CoreChoice | None:
         entry = self.entries.get(self.entry_key(spec, threads))
-        return None if entry is None else CoreChoice(entry["impl"], entry["kc"])
+        # a stored choice the core cannot take (a file written by other code) is not forced on it
+        return None if entry is None else CoreChoice(entry["impl"], entry["kc"]).fitting(spec)
 
     def put(self, spec: CoreSpec, threads: int, choice: CoreChoice, times_ms: Mapping[str, float]) -> None:
+        with self._lock:
+            self._put(spec, threads, choice, times_ms)
+
+    def _put(self, spec: CoreSpec, threads: int, choice: CoreChoice, times_ms: Mapping[str, float]) -> None:
+        self.entries = {**self.entries}
         self.entries[self.entry_key(spec, threads)] = {
             "impl": choice.impl, "kc": choice.kc, "core": spec.describe(),
             "times_ms": {k: round(v, 4) for k, v in times_ms.items()}}
@@ -142,8 +155,8 @@ class TuningStore:
                     if not isinstance(key, str):
                         raise TypeError("key")
                 self.entries = dict(entries)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            self._ignore(f"is not a valid tuning file ({type(e).__name__}: {e})")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            self._ignore(f"is not a valid tuning file ({type(e).__name__}: {str(e)[:200]})")
 
     def _ignore(self, why: str) -> None:
         self.problem = f"tuning cache {self.path} {why}: ignored, cores are tuned again"
@@ -151,23 +164,41 @@ class TuningStore:
         warnings.warn(self.problem, TuningCacheWarning, stacklevel=4)
 
     def save(self) -> None:
-        data = {"format": FORMAT, "fingerprint": self.fingerprint, "cpu": cpu_model(), "isa": self.machine.isa,
-                "l1d": self.machine.l1d, "l2": self.machine.l2, "entries": self.entries,
-                "checksum": _checksum(self.entries)}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except OSError as e:  # an unwritable cache costs a re-tune next time, not the run
-            warnings.warn(f"tuning cache {self.path} not written: {e}", TuningCacheWarning, stacklevel=2)
+        """Write the entries, merged with what another process saved since this one loaded."""
+        with self._lock:
+            on_disk = TuningStore.__new__(TuningStore)
+            on_disk.path, on_disk.fingerprint, on_disk.entries, on_disk.problem = self.path, self.fingerprint, {}, ""
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TuningCacheWarning)  # a bad file was reported at load
+                on_disk._load()
+            entries = {**on_disk.entries, **self.entries}
+            self.entries = entries
+            data = {"format": FORMAT, "fingerprint": self.fingerprint, "cpu": cpu_model(), "isa": self.machine.isa,
+                    "l1d": self.machine.l1d, "l2": self.machine.l2, "entries": entries,
+                    "checksum": _checksum(entries)}
+            tmp = None
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-")
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(data, f, indent=1, sort_keys=True)
+                os.chmod(tmp, 0o644)  # a shared cache: readable by every user of it
+                os.replace(tmp, self.path)
+                tmp = None
+            except OSError as e:  # an unwritable cache costs a re-tune next time, not the run
+                warnings.warn(f"tuning cache {self.path} not written: {e}", TuningCacheWarning, stacklevel=2)
+            finally:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
 
 
 @functools.lru_cache(maxsize=1)
 def _kernels_digest() -> str:
-    """The cores' C source and the candidates' rule: results measured on other code are not reused."""
-    text = default_templates().render("af_sgemm.c.j2") + f"|{KC_MIN},{KC_MAX}|{MARGIN}"
+    """The cores' C source (the kernel and the templates around it) and the candidates' rule: results
+    measured on other code are not reused."""
+    root = default_templates().directory
+    text = "".join((root / name).read_text() for name in CORE_TEMPLATES) + f"|{KC_MIN},{KC_MAX}|{MARGIN}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -244,11 +275,12 @@ class Tuner:
                 for _ in range(runs[i]):
                     model.run(feeds)
                 samples[i].append((time.perf_counter() - t0) / runs[i])
-        medians = [statistics.median(s) for s in samples]
-        best = min(range(len(options)), key=lambda i: medians[i])
-        if medians[best] > (1 - MARGIN) * medians[0]:
+        # the fastest sample: interference on a shared machine only ever adds time
+        fastest = [min(s) for s in samples]
+        best = min(range(len(options)), key=lambda i: fastest[i])
+        if fastest[best] > (1 - MARGIN) * fastest[0]:
             best = 0
-        times = {c.label(self.machine): m * 1e3 for c, m in zip(options, medians)}
+        times = {c.label(self.machine): m * 1e3 for c, m in zip(options, fastest)}
         return options[best], times
 
 
