@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,10 +24,10 @@ def f32(*shape: int, scale: float = 1.0) -> np.ndarray:
     return (RNG.standard_normal(shape) * scale).astype(np.float32)
 
 
-def check(g: Graph, feeds: dict[str, np.ndarray], template: str = "gemm_epilogue") -> str:
+def check(g: Graph, feeds: dict[str, np.ndarray], template: str = "gemm_epilogue", cores: Any = None) -> str:
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: template),
                 ZERO_COST, ZERO_COST)
-    model = CompiledModel(plan, cache=CACHE)
+    model = CompiledModel(plan, cache=CACHE, cores=cores)
     report = compare_outputs(run_graph(g, feeds), model.run(feeds))
     assert report.ok, report.summary()
     return "\n".join(k.code for k in model.source.kernels)
@@ -161,14 +162,18 @@ def test_packed_products_match_on_every_row_and_column_count(m: int, n: int) -> 
     assert ("af_sgemm_packed(" in code) == (n >= 8) and ("af_sgemm(" in code) == (n < 8)
 
 
-@pytest.mark.parametrize("k", [511, 512, 1100])
-def test_packed_products_over_several_passes_of_k(k: int) -> None:
-    """K beyond one pass of 512 rows: later passes continue the sums stored by the pass before, and
+@pytest.mark.parametrize("kc", [256, 512, 1024])
+@pytest.mark.parametrize("k", [255, 256, 511, 512, 1100])
+def test_packed_products_over_several_passes_of_k(k: int, kc: int) -> None:
+    """K beyond one pass of kc rows: later passes continue the sums stored by the pass before, and
     alpha is applied once, on the last."""
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
     b = GraphBuilder("deep")
     x = b.input("x", (14, k))
     y = b.op("Gemm", x, b.const(f32(k, 70, scale=0.05)), b.const(f32(70)), alpha=0.5)
-    check(b.build([b.op("Relu", y)]), {"x": f32(14, k)})
+    code = check(b.build([b.op("Relu", y)]), {"x": f32(14, k)}, cores=FixedChooser(CoreChoice("packed", kc)))
+    assert f"af_sgemm_packed(mlen, nlen, {k}, {kc}," in code
 
 
 def test_few_row_products_with_strided_operands_and_batches() -> None:
@@ -291,7 +296,7 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
 
 
 def test_af_sgemm_packed_reads_the_layout_pack_weights_writes(tmp_path) -> None:
-    """af_sgemm_packed on weights packed by pack_weights: row counts around the 12-row block, columns
+    """af_sgemm_packed on weights packed by pack_weights: row counts around the row blocks, columns
     around the 32-column panel, K over several passes, A plain or transposed, ldc wider than N, a
     call that starts at a later panel (column n0 at w + n0 * K)."""
     import ctypes

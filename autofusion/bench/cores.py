@@ -32,9 +32,9 @@ from autofusion.decide import unfused_plan
 from autofusion.runtime.tuning import core_graph
 
 RUNNERS = ("autofusion", "onnxruntime", "openblas")
-PAUSE_SECONDS = 0.2
-WAKE_RUNS = 3
-BLOCK_SECONDS = 0.03  # a 0.2 ms core timed 10 times after a pause is timed waking up, not running
+PAUSE_SECONDS = 0.05  # enough for spinning pools to stop, short enough that the vCPUs stay awake
+WAKE_RUNS = 10
+BLOCK_SECONDS = 0.05  # a 0.2 ms core timed 10 times after a pause is timed waking up, not running
 
 
 @dataclass
@@ -119,7 +119,7 @@ def _timed(fn: Callable[[], object], runs: int) -> list[float]:
 
 
 def measure_cores(cores: list[tuple[CoreSpec, CoreChoice, int]], machine: Machine, threads: int,
-                  runs: int = 10, rounds: int = 3, cache: Any = None,
+                  runs: int = 10, rounds: int = 5, cache: Any = None,
                   progress: Callable[[int, int, str], None] | None = None,
                   runners: tuple[str, ...] = RUNNERS) -> list[CoreResult]:
     """Time each core in each runner: ``rounds`` rounds of at least ``runs`` runs (more for a core

@@ -20,7 +20,7 @@ def add_parser(subparsers: Any) -> None:
     add_plan_arguments(p)
     p.add_argument("--threads", type=positive_int, default=2, metavar="N", help="threads for every runtime (default 2)")
     p.add_argument("--repeat", type=positive_int, default=10, metavar="N", help="timed runs per round (default 10)")
-    p.add_argument("--rounds", type=positive_int, default=3, metavar="N", help="rounds of every runner (default 3)")
+    p.add_argument("--rounds", type=positive_int, default=5, metavar="N", help="rounds of every runner (default 5)")
     p.add_argument("--top", type=positive_int, default=None, metavar="N",
                    help="only the N cores with the most FLOPs in the model")
     p.add_argument("--json", action="store_true", help="print one JSON object")
