@@ -465,10 +465,13 @@ def test_a_runtime_that_cannot_take_a_core_is_skipped_with_why(monkeypatch: pyte
 
 
 def test_an_unknown_instruction_set_is_a_clear_error_at_the_command_line(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AUTOFUSION_ISA", "sse9")
     code, _, err = _cli(capsys, "run", "bert-tiny", "--backend", "c")
     assert code == 2 and "unknown instruction set 'sse9'" in err and "internal error" not in err
+    code, _, err = _cli(capsys, "fuse", "bert-tiny", "--emit", str(tmp_path / "emit"))  # codegen alone
+    assert code == 2 and "unknown instruction set 'sse9'" in err and "internal error" not in err
+    assert not (tmp_path / "emit").exists()  # nothing half-written
 
 
 def test_a_forced_instruction_set_needs_every_extension_its_march_uses(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -206,12 +206,15 @@ def cache_sizes() -> tuple[int, int]:
     return l1d, l2
 
 
+class UnknownIsaError(ValueError):
+    """An instruction set name (``isa=`` or ``$AUTOFUSION_ISA``) that is none of ISAS."""
+
+
 def requested_isa(isa: str | None = None) -> str:
-    """``isa``, else ``$AUTOFUSION_ISA``, else the best instruction set this CPU runs; ValueError
-    for a name that is none of ISAS."""
+    """``isa``, else ``$AUTOFUSION_ISA``, else the best instruction set this CPU runs."""
     wanted = (isa or os.environ.get("AUTOFUSION_ISA") or "").strip().lower() or native_isa()
     if wanted not in ISAS:
-        raise ValueError(f"unknown instruction set {wanted!r} (AUTOFUSION_ISA or isa=); one of {', '.join(ISAS)}")
+        raise UnknownIsaError(f"unknown instruction set {wanted!r} (AUTOFUSION_ISA or isa=); one of {', '.join(ISAS)}")
     return wanted
 
 

@@ -116,7 +116,7 @@ def requested_isa(isa: str | None = None) -> str:
     """``isa``, else ``$AUTOFUSION_ISA``, else the best instruction set this CPU runs."""
     try:
         return cores.requested_isa(isa)
-    except ValueError as e:
+    except cores.UnknownIsaError as e:
         raise CompileError(str(e)) from None
 
 
