@@ -87,7 +87,9 @@ def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[i
     code = check(g, {"x": f32(*x_shape)})
     # stride 1 over one plane with packed weights: the taps are read in place, no im2col copy
     taps = widen == 8 and "strides" not in attrs and len(x_shape) == 4 and attrs != {}
-    assert ("/* im2col of the block" in code) == (attrs != {} and not taps)
+    depthwise = attrs.get("group") == 4 and widen == 1  # one input and one output channel per group
+    assert ("/* im2col of the block" in code) == (attrs != {} and not taps and not depthwise)
+    assert ("sums its own input channel" in code) == depthwise
     assert ("af_sgemm_packed_taps(" in code) == taps
     assert ("af_sgemm_packed" in code) == (widen == 8)
 
@@ -387,3 +389,50 @@ def test_convolutions_the_taps_form_cannot_take_use_im2col(case: str) -> None:
         feeds = {"x": f32(1, 16, 8, 8)}
     code = check(b.build([b.op("Relu", y)]), feeds)
     assert "af_sgemm_packed_taps(" not in code and "af_sgemm_packed(" in code
+
+
+DEPTHWISE_CASES = {
+    "3x3_pad1": dict(x=(2, 24, 13, 13), w=(24, 1, 3, 3), pads=(1, 1, 1, 1)),
+    "3x3_stride2": dict(x=(1, 32, 15, 16), w=(32, 1, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),
+    "5x5_dilated": dict(x=(1, 16, 20, 20), w=(16, 1, 5, 5), pads=(4, 4, 4, 4), dilations=(2, 2)),
+    "asymmetric": dict(x=(1, 8, 9, 7), w=(8, 1, 3, 2), pads=(0, 1, 2, 0)),
+    "1d": dict(x=(2, 12, 40), w=(12, 1, 7), pads=(3, 3)),
+    "large_positions": dict(x=(1, 8, 60, 60), w=(8, 1, 3, 3), pads=(1, 1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("impl", ["depthwise", "blas"])
+@pytest.mark.parametrize("case", sorted(DEPTHWISE_CASES))
+def test_depthwise_convolutions_sum_their_taps_directly(case: str, impl: str) -> None:
+    """Depthwise geometries with BatchNormalization folded and Relu6, summed straight from the input
+    (the default) or as one-row sgemms per channel (forced), against the reference."""
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
+    spec = DEPTHWISE_CASES[case]
+    xs, ws = spec["x"], spec["w"]
+    attrs = {k: v for k, v in spec.items() if k in ("pads", "dilations", "strides")}
+    b = GraphBuilder("depthwise")
+    c = b.op("Conv", b.input("x", xs), b.const(f32(*ws)), b.const(f32(ws[0])), group=xs[1], **attrs)
+    bn = b.op("BatchNormalization", c, b.const(f32(ws[0])), b.const(f32(ws[0])), b.const(f32(ws[0])),
+              b.const(np.abs(f32(ws[0])) + 0.5))
+    g = b.build([b.op("Clip", bn, b.const(np.float32(0.0)), b.const(np.float32(6.0)))])
+    feeds = {"x": f32(*xs)}
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                ZERO_COST, ZERO_COST)
+    cores = None if impl == "depthwise" else FixedChooser(CoreChoice("blas"))
+    model = CompiledModel(plan, cache=CACHE, cores=cores)
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    kernel = model.source.kernels[0]
+    assert [c.impl for _, c in kernel.cores] == [impl]
+    assert ("sums its own input channel" in kernel.code) == (impl == "depthwise")
+    assert ("scipy_cblas_sgemm" in kernel.code) == (impl == "blas")
+
+
+def test_a_depthwise_convolution_as_the_output_is_written_in_place() -> None:
+    """The convolution alone, its own output: summed into the output buffer, no tile."""
+    b = GraphBuilder("depthwise_alone")
+    g = b.build([b.op("Conv", b.input("x", (1, 16, 10, 10)), b.const(f32(16, 1, 3, 3)), group=16,
+                      pads=(1, 1, 1, 1))])
+    code = check(g, {"x": f32(1, 16, 10, 10)})
+    assert "sums its own input channel" in code and "float* restrict c = tile" not in code

@@ -46,6 +46,9 @@ TILE_M = 256
 TILE_P = 256
 MIN_TILE_M = 64
 MIN_TASKS = 4
+# a depthwise task sums 9 or so products per position: blocks 16x as large, or scheduling them costs
+# more than the sums (32 x 112 x 112 in blocks of 224 positions: 1,792 tasks, 0.29 ms)
+DEPTHWISE_TILE_P = 4096
 PARALLEL_MIN_FLOPS = 1 << 19
 # With a pooling epilogue, tasks of about 512 convolution output positions: rows shared by two
 # blocks' windows are computed twice, so blocks are larger than without pooling.
@@ -149,8 +152,9 @@ class _Conv:
         # padded input's row pitch are an affine walk through it, so the taps can be read in place
         direct_ok = (packable and im2col and pool is None and (sd, sh, sw) == (1, 1, 1) and od == 1
                      and kd == 1 and min(win.pad_begin + win.pad_end) >= 0)
+        depthwise_ok = mg == 1 and cg == 1 and pool is None
         choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry,
-                                 taps=direct_ok))
+                                 taps=direct_ok, depthwise=depthwise_ok))
         packed, self.k_pass = choice.packed, choice.kc
         if packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             w_ptr = k.derived_constant(f"{core.name}_packed", np.concatenate(
@@ -191,7 +195,7 @@ class _Conv:
                 aligned.insert(0, (y, ybuf))
         if early:
             self.prologue.append(self._nest().render(early))
-        rows_per_tile = max(1, TILE_P // ow)
+        rows_per_tile = max(1, (DEPTHWISE_TILE_P if choice.impl == "depthwise" else TILE_P) // ow)
         rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
         pb = min(p, ow * rows_per_tile)
         mb = _channel_block(mg, n_img * groups * -(-p // pb), packed)
@@ -231,10 +235,12 @@ class _Conv:
         parallel = flops >= PARALLEL_MIN_FLOPS
         # one image, one group, one block of positions: every channel block needs the same im2col matrix,
         # computed once by all threads into scratch instead of once per task
-        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and parallel and n_img * groups == 1
+        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and choice.impl != "depthwise" and parallel
+                      and n_img * groups == 1
                       and tiles_p == 1 and tiles_m > 1 else None)
         tile_floats = mb * (pb // ow) * pitch if packed or not ybuf else 0
-        col_floats = kc * pb if im2col and direct is None and shared_col is None else 0
+        depthwise = choice.impl == "depthwise"
+        col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
         if direct is not None:  # the slab and the offset table take the im2col block's place
             col_floats = (direct["slab_bytes"] + kc * 4) // 4
         col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 1)
@@ -243,7 +249,7 @@ class _Conv:
             "conv_epilogue.c.j2", k_pass=self.k_pass,
             comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"{'taps read in place' if direct else 'im2col ' + ('yes' if im2col else 'no')}; "
-                                   f"epilogue per tile: {ops}"), direct=direct, pitch=pitch,
+                                   f"epilogue per tile: {ops}"), direct=direct, pitch=pitch, depthwise=depthwise,
             prologue=self.prologue, epilogue=self.epilogue, parallel=parallel, shared_col=shared_col,
             tile_floats=tile_floats, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed,
             w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
@@ -331,7 +337,7 @@ class _Conv:
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
         col_bytes, tile_bytes = _blocks(k, geo["kc"] * pb if geo["im2col"] else 0, mb * pb, 2)  # tile and pin
         return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=None,
+            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=None, depthwise=False,
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"im2col {'yes' if geo['im2col'] else 'no'}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),

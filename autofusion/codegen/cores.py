@@ -30,7 +30,9 @@ MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable"
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_ROW_BYTES = 32 * 4  # one row of a packed panel (PACK_NR floats, codegen/gemm.py)
-IMPLS = ("packed", "taps", "blas")  # "taps": packed weights, a stride-1 convolution read in place
+# "taps": packed weights, a stride-1 convolution read in place; "depthwise": one input channel per
+# output channel, its taps accumulated straight from the input (no product to hand a GEMM)
+IMPLS = ("packed", "taps", "depthwise", "blas")
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class CoreSpec:
     calls: int = 1
     geometry: tuple[tuple[int, ...], ...] = ()
     taps: bool = False  # a convolution that can read its taps in place from a padded input (stride 1)
+    depthwise: bool = False  # a convolution with one input and one output channel per group
 
     @property
     def flops(self) -> int:
@@ -83,7 +86,7 @@ class CoreSpec:
     def key(self) -> str:
         """A stable text key: equal for cores that run the same code on the same sizes."""
         geo = ";".join(",".join(str(v) for v in part) for part in self.geometry)
-        return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{int(self.packable)}{int(self.taps)}:{geo}"
+        return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{int(self.packable)}{int(self.taps)}{int(self.depthwise)}:{geo}"
 
     def describe(self) -> str:
         shape = f"[{self.m} x {self.k}] @ [{self.k} x {self.n}]"
@@ -93,8 +96,9 @@ class CoreSpec:
 @dataclass(frozen=True)
 class CoreChoice:
     """How a core is computed: ``packed`` with ``kc`` rows of K per pass, ``taps`` (packed, and a
-    convolution's taps read in place from its zero-padded input instead of an im2col copy), or
-    OpenBLAS's ``blas``."""
+    convolution's taps read in place from its zero-padded input instead of an im2col copy),
+    ``depthwise`` (a depthwise convolution's taps summed straight from the input), or OpenBLAS's
+    ``blas``."""
 
     impl: str
     kc: int = 0
@@ -102,19 +106,21 @@ class CoreChoice:
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
             raise ValueError(f"unknown core implementation {self.impl!r}; one of {', '.join(IMPLS)}")
-        if self.impl != "blas" and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
+        if self.packed and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
             raise ValueError(f"kc {self.kc} out of range for the packed kernel")
 
     @property
     def packed(self) -> bool:
-        """Whether the weight is packed (the runtime's kernel computes the product)."""
-        return self.impl != "blas"
+        """Whether the weight is packed (the runtime's GEMM kernel computes the product)."""
+        return self.impl in ("packed", "taps")
 
     @property
     def taps(self) -> bool:
         return self.impl == "taps"
 
     def label(self, machine: Machine) -> str:
+        if self.impl == "depthwise":
+            return "depthwise direct"
         if not self.packed:
             return "openblas sgemm"
         rows, cols = machine.micro_kernel
@@ -126,6 +132,8 @@ class CoreChoice:
             return CoreChoice("blas")
         if self.taps and not core.taps:
             return CoreChoice("packed", self.kc)
+        if self.impl == "depthwise" and not core.depthwise:
+            return CoreChoice("blas")
         return self
 
 
@@ -138,12 +146,15 @@ class CoreChooser(Protocol):
 
 
 class DefaultChooser:
-    """The untuned, deterministic choice: packed wherever the weight can be packed, default kc."""
+    """The untuned, deterministic choice: packed wherever the weight can be packed (taps where they
+    can be read in place), default kc; a depthwise convolution's own loop."""
 
     def __init__(self, machine: Machine | None = None) -> None:
         self.machine = machine or this_machine()
 
     def choose(self, core: CoreSpec) -> CoreChoice:
+        if core.depthwise:
+            return CoreChoice("depthwise")
         return CoreChoice("taps", self.machine.default_kc()).fitting(core)
 
 
