@@ -398,6 +398,7 @@ DEPTHWISE_CASES = {
     "asymmetric": dict(x=(1, 8, 9, 7), w=(8, 1, 3, 2), pads=(0, 1, 2, 0)),
     "1d": dict(x=(2, 12, 40), w=(12, 1, 7), pads=(3, 3)),
     "large_positions": dict(x=(1, 8, 60, 60), w=(8, 1, 3, 3), pads=(1, 1, 1, 1)),
+    "kernel_wider_than_input": dict(x=(1, 8, 4, 3), w=(8, 1, 3, 5), pads=(1, 2, 1, 2)),  # no interior columns
 }
 
 
