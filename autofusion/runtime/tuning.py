@@ -31,7 +31,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -306,11 +305,6 @@ def core_graph(spec: CoreSpec) -> tuple[Graph, dict[str, np.ndarray]]:
         y = b.op("MatMul", x, b.const((rng.standard_normal((spec.k, spec.n)) * 0.05).astype(np.float32)))
         shape = (rows, spec.k)
     return b.build([y]), {"x": rng.standard_normal(shape).astype(np.float32)}
-
-
-def tuning_files(cache: CompileCache) -> list[Path]:
-    """The tuning files of every machine this cache has seen."""
-    return sorted((cache.root / "tuning").glob("*.json"))
 
 
 def tune_by_default() -> bool:
