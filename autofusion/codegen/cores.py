@@ -9,9 +9,10 @@ name the variant each kernel ran.
 
 The default chooser decides from what the machine reports (instruction set, L2 cache): the packed
 kernel wherever the weight can be packed (reading a stride-1 convolution's taps in place), ``kc``
-so that one pass's slice of a panel takes an eighth of L2. The runtime's tuner (autofusion/runtime/tuning.py) times candidates instead.
+so that one pass's slice of a panel takes an eighth of L2. The runtime's tuner
+(autofusion/runtime/tuning.py) times candidates instead.
 
->>> machine = Machine("avx2", l1d=32 * 1024, l2=512 * 1024)
+>>> machine = Machine("avx2", l2=512 * 1024)
 >>> DefaultChooser(machine).choose(CoreSpec("gemm", 128, 3072, 768, packable=True)).label(machine)
 'packed avx2 6x16 kc512'
 """
@@ -38,10 +39,9 @@ IMPLS = ("packed", "taps", "depthwise", "blas")
 @dataclass(frozen=True)
 class Machine:
     """What the cores' shape and blocking depend on: the instruction set the code is built for and
-    the data cache sizes of the CPU it runs on."""
+    the L2 cache size of the CPU it runs on."""
 
     isa: str
-    l1d: int = 32 * 1024
     l2: int = 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -230,9 +230,8 @@ def requested_isa(isa: str | None = None) -> str:
 
 
 def this_machine(isa: str | None = None) -> Machine:
-    """This CPU's caches, with the instruction set ``isa`` (default: ``requested_isa()``)."""
-    l1d, l2 = cache_sizes()
-    return Machine(requested_isa(isa), l1d, l2)
+    """This CPU's L2 size, with the instruction set ``isa`` (default: ``requested_isa()``)."""
+    return Machine(requested_isa(isa), cache_sizes()[1])
 
 
 def cpu_model() -> str:

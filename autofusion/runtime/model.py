@@ -50,11 +50,8 @@ class CompiledModel:
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
         tc = runnable_toolchain(toolchain)
         self.chooser = cores or core_chooser(tc, self.cache, self.threads, tune, progress)
-        if isinstance(self.chooser, Tuner):
-            self.source: LibrarySource = render_tuned(
-                self.chooser, lambda chooser: render_plan(plan, templates, profile=profile, chooser=chooser))
-        else:
-            self.source = render_plan(plan, templates, profile=profile, chooser=self.chooser)
+        self.source: LibrarySource = render_tuned(
+            self.chooser, lambda chooser: render_plan(plan, templates, profile=profile, chooser=chooser))
         self.library_path = compile_library(self.source, tc, self.cache)
         lib = load_library(self.library_path)
         self.machine = library_machine(lib, self.chooser.machine)
@@ -142,10 +139,8 @@ def core_chooser(toolchain: Toolchain, cache: CompileCache, threads: int, tune: 
 
 
 def library_machine(lib: ctypes.CDLL, expected: Machine) -> Machine:
-    """The machine the library's cores were built for, as the library itself reports it."""
-    try:
-        lib.af_isa.restype = ctypes.c_char_p
-        isa = lib.af_isa().decode()
-    except AttributeError:
-        return expected
-    return expected if isa == expected.isa else Machine(isa, expected.l1d, expected.l2)
+    """The machine the library's cores were built for, as the library itself reports it (a compiler
+    whose baseline already has AVX2 builds the AVX2 kernels without -march)."""
+    lib.af_isa.restype = ctypes.c_char_p
+    isa = lib.af_isa().decode()
+    return expected if isa == expected.isa else Machine(isa, expected.l2)

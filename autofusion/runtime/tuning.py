@@ -132,48 +132,44 @@ class TuningStore:
             "times_ms": {k: round(v, 4) for k, v in times_ms.items()}}
 
     def _load(self) -> None:
+        entries, why = self._read()
+        if why:
+            self.problem = f"tuning cache {self.path} {why}: ignored, cores are tuned again"
+            warnings.warn(self.problem, TuningCacheWarning, stacklevel=3)
+        self.entries = entries
+
+    def _read(self) -> tuple[dict[str, dict[str, Any]], str]:
+        """The file's entries, or none and why they cannot be trusted (nothing and "" when absent)."""
         try:
             text = self.path.read_bytes()
         except FileNotFoundError:
-            return
+            return {}, ""
         except OSError as e:
-            self._ignore(f"cannot be read ({e})")
-            return
+            return {}, f"cannot be read ({e})"
         try:
             data = json.loads(text)
             entries = data["entries"]
             if data.get("format") != FORMAT:
-                self._ignore(f"has format {data.get('format')!r}, not {FORMAT}")
-            elif data.get("fingerprint") != self.fingerprint:
-                self._ignore("was written for another machine or compiler")
-            elif data.get("checksum") != _checksum(entries):
-                self._ignore("fails its checksum (edited or truncated)")
-            else:
-                for key, entry in entries.items():
-                    CoreChoice(entry["impl"], entry["kc"])  # raises on an invalid choice
-                    if not isinstance(key, str):
-                        raise TypeError("key")
-                self.entries = dict(entries)
+                return {}, f"has format {data.get('format')!r}, not {FORMAT}"
+            if data.get("fingerprint") != self.fingerprint:
+                return {}, "was written for another machine or compiler"
+            if data.get("checksum") != _checksum(entries):
+                return {}, "fails its checksum (edited or truncated)"
+            for key, entry in entries.items():
+                CoreChoice(entry["impl"], entry["kc"])  # raises on an invalid choice
+                if not isinstance(key, str):
+                    raise TypeError("key")
+            return dict(entries), ""
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-            self._ignore(f"is not a valid tuning file ({type(e).__name__}: {str(e)[:200]})")
-
-    def _ignore(self, why: str) -> None:
-        self.problem = f"tuning cache {self.path} {why}: ignored, cores are tuned again"
-        self.entries = {}
-        warnings.warn(self.problem, TuningCacheWarning, stacklevel=4)
+            return {}, f"is not a valid tuning file ({type(e).__name__}: {str(e)[:200]})"
 
     def save(self) -> None:
         """Write the entries, merged with what another process saved since this one loaded."""
         with self._lock:
-            on_disk = TuningStore.__new__(TuningStore)
-            on_disk.path, on_disk.fingerprint, on_disk.entries, on_disk.problem = self.path, self.fingerprint, {}, ""
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", TuningCacheWarning)  # a bad file was reported at load
-                on_disk._load()
-            entries = {**on_disk.entries, **self.entries}
+            entries = {**self._read()[0], **self.entries}  # a bad file was reported at load
             self.entries = entries
             data = {"format": FORMAT, "fingerprint": self.fingerprint, "cpu": cpu_model(), "isa": self.machine.isa,
-                    "l1d": self.machine.l1d, "l2": self.machine.l2, "entries": entries,
+                    "l2": self.machine.l2, "entries": entries,
                     "checksum": _checksum(entries)}
             tmp = None
             try:
@@ -216,8 +212,6 @@ class Tuner:
     def __init__(self, toolchain: Toolchain, cache: CompileCache, threads: int, build: Build,
                  machine: Machine | None = None, progress: Progress | None = None) -> None:
         self.build = build
-        self.toolchain = toolchain
-        self.cache = cache
         self.threads = threads
         self.machine = machine or this_machine(toolchain.isa)
         self.store = TuningStore(cache, toolchain, self.machine)
@@ -331,10 +325,13 @@ class _Pending:
 T = TypeVar("T")
 
 
-def render_tuned(tuner: Tuner, render: Callable[[CoreChooser], T]) -> T:
-    """``render(chooser)`` with every core tuned: a first render finds the cores the store lacks
-    (so that a progress bar knows how many), they are measured together, then it renders again.
-    With every core in the store, the first render is the result."""
+def render_tuned(chooser: CoreChooser, render: Callable[[CoreChooser], T]) -> T:
+    """``render(chooser)``; with a Tuner, every core tuned first: a first render finds the cores the
+    store lacks (so that a progress bar knows how many), they are measured together, then it
+    renders again. With every core in the store, the first render is the result."""
+    if not isinstance(chooser, Tuner):
+        return render(chooser)
+    tuner = chooser
     pending = _Pending(tuner)
     first = render(pending)
     if not pending.missing:

@@ -33,7 +33,7 @@ from autofusion.runtime.loader import (
 )
 from autofusion.runtime.model import core_chooser, runnable_toolchain
 from autofusion.runtime.toolchain import Toolchain
-from autofusion.runtime.tuning import Tuner, render_tuned
+from autofusion.runtime.tuning import render_tuned
 
 
 @dataclass
@@ -57,10 +57,7 @@ class UnfusedRunner:
         tc = runnable_toolchain(toolchain)
         chooser = core_chooser(tc, self.cache, self.threads, tune)
         plan_ = self.plan
-        if isinstance(chooser, Tuner):
-            self.source = render_tuned(chooser, lambda c: render_unfused(plan_, templates, chooser=c))
-        else:
-            self.source = render_unfused(plan_, templates, chooser=chooser)
+        self.source = render_tuned(chooser, lambda c: render_unfused(plan_, templates, chooser=c))
         self.library_path = compile_library(self.source, tc, self.cache)
         lib = load_library(self.library_path)
         kernels = {k.group.name: k for k in self.source.kernels}
