@@ -155,7 +155,7 @@ class _Conv:
         depthwise_ok = mg == 1 and cg == 1 and pool is None
         choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry,
                                  taps=direct_ok, depthwise=depthwise_ok))
-        packed, self.k_pass = choice.packed, choice.kc
+        packed, self.k_pass, depthwise = choice.packed, choice.kc, choice.impl == "depthwise"
         if packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             w_ptr = k.derived_constant(f"{core.name}_packed", np.concatenate(
                 [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), groups)]))
@@ -195,7 +195,7 @@ class _Conv:
                 aligned.insert(0, (y, ybuf))
         if early:
             self.prologue.append(self._nest().render(early))
-        rows_per_tile = max(1, (DEPTHWISE_TILE_P if choice.impl == "depthwise" else TILE_P) // ow)
+        rows_per_tile = max(1, (DEPTHWISE_TILE_P if depthwise else TILE_P) // ow)
         rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
         pb = min(p, ow * rows_per_tile)
         mb = _channel_block(mg, n_img * groups * -(-p // pb), packed)
@@ -235,11 +235,9 @@ class _Conv:
         parallel = flops >= PARALLEL_MIN_FLOPS
         # one image, one group, one block of positions: every channel block needs the same im2col matrix,
         # computed once by all threads into scratch instead of once per task
-        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and choice.impl != "depthwise" and parallel
-                      and n_img * groups == 1
-                      and tiles_p == 1 and tiles_m > 1 else None)
+        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and not depthwise and parallel
+                      and n_img * groups == 1 and tiles_p == 1 and tiles_m > 1 else None)
         tile_floats = mb * (pb // ow) * pitch if packed or not ybuf else 0
-        depthwise = choice.impl == "depthwise"
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
         if direct is not None:  # the slab and the offset table take the im2col block's place
             col_floats = (direct["slab_bytes"] + kc * 4) // 4

@@ -6,8 +6,9 @@ compiler exists.
 
 The instruction set the code targets (and so the GEMM micro-kernel, autofusion/codegen/cores.py)
 is the CPU's own by default; ``isa=`` or ``$AUTOFUSION_ISA`` (avx512, avx2, avx, portable) builds
-for another class of x86-64 CPU instead, e.g. the AVX2 kernels on an AVX-512 machine. A library
-built for an instruction set this CPU lacks compiles but is refused at load (``runnable``).
+for another class of x86-64 CPU instead, e.g. the AVX2 kernels on an AVX-512 machine. Sources for
+an instruction set this CPU lacks can be rendered, but compiling to run them here is refused
+(``runnable``, checked by the runtime before it builds anything).
 """
 
 from __future__ import annotations
@@ -121,10 +122,11 @@ def requested_isa(isa: str | None = None) -> str:
 
 
 def _march(isa: str) -> str:
-    """-march=native for the CPU's own instruction set (tuned for it), else the class's -march."""
-    if platform.machine() not in ("x86_64", "AMD64", "i686", "i386"):
-        return "-march=native" if isa == native_isa() else ""
-    return "-march=native" if isa == native_isa() else ISA_MARCH[isa]
+    """-march=native for the CPU's own instruction set (tuned for it), else the class's -march (none
+    off x86, where only the CPU's own exists)."""
+    if isa == native_isa():
+        return "-march=native"
+    return ISA_MARCH[isa] if platform.machine() in ("x86_64", "AMD64", "i686", "i386") else ""
 
 
 def detect_toolchain(cc: str | None = None, opt: str = "-O3", isa: str | None = None) -> Toolchain:
