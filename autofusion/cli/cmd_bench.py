@@ -132,20 +132,18 @@ def pretune(plan: Any, args: argparse.Namespace) -> dict[str, Any]:
     find them in the cache); with --no-tune, every process takes the untuned default."""
     import os
 
-    from autofusion.runtime import CompiledModel, CompileError
+    from autofusion.runtime import CompiledModel
+    from autofusion.runtime.tuning import Tuner
 
     if not tune_wanted(args):
         os.environ["AUTOFUSION_TUNE"] = "0"  # the runners' worker processes inherit it
         return {"tuned": False}
     t0 = time.perf_counter()
-    try:
-        with tune_progress() as progress:
-            model = CompiledModel(plan, threads=args.threads, tune=True, progress=progress)
-    except CompileError as e:
-        raise CliError(str(e)) from None
-    tuner = model.chooser
+    with tune_progress() as progress:
+        model = CompiledModel(plan, threads=args.threads, tune=True, progress=progress)
+    assert isinstance(model.chooser, Tuner)
     return {"tuned": True, "seconds": round(time.perf_counter() - t0, 3),
-            "cores_measured": getattr(tuner, "tuned", 0),
+            "cores_measured": model.chooser.tuned,
             "cores": sorted({f"{s.describe()}: {c.label(model.machine)}" for k in model.source.kernels
                              for s, c in k.cores})}
 

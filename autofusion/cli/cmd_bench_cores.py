@@ -31,20 +31,17 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from autofusion.bench.cores import distinct_cores, measure_cores, report
     from autofusion.bench.environment import limit_threads, load_average, machine_info
-    from autofusion.runtime import CompiledModel, CompileError
+    from autofusion.runtime import CompiledModel
 
     limit_threads(args.threads)
     loaded, plan = make_plan(args)
-    try:
-        with tune_progress() as progress:
-            model = CompiledModel(plan, threads=args.threads, tune=tune_wanted(args), progress=progress)
-        cores = distinct_cores(model.source.kernels)[: args.top]
-        if not cores:
-            raise CliError(f"{loaded.source} has no MatMul, Gemm or Conv core to time")
-        before = load_average()
-        results = measure_cores(cores, model.machine, args.threads, args.repeat, args.rounds, model.cache)
-    except CompileError as e:
-        raise CliError(str(e)) from None
+    with tune_progress() as progress:
+        model = CompiledModel(plan, threads=args.threads, tune=tune_wanted(args), progress=progress)
+    cores = distinct_cores(model.source.kernels)[: args.top]
+    if not cores:
+        raise CliError(f"{loaded.source} has no MatMul, Gemm or Conv core to time")
+    before = load_average()
+    results = measure_cores(cores, model.machine, args.threads, args.repeat, args.rounds, model.cache)
     meta = {"model": loaded.source, "threads": args.threads, "repeat": args.repeat, "rounds": args.rounds,
             "tuned": tune_wanted(args), "isa": model.machine.isa, "machine": machine_info(),
             "load_average_before": before, "load_average_after": load_average()}
