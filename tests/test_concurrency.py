@@ -1,5 +1,6 @@
 """Two processes optimising and compiling the same model at once against one fresh cache directory,
-also after its entries were corrupted, and a cache on a read-only filesystem: correct results in each case."""
+also after its entries were corrupted, and a cache on a read-only filesystem: correct results in each case.
+Eight threads running one compiled model (fused, profiling, unfused) at once: every result right."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import pytest
 
 from autofusion.api import optimize
 from autofusion.ir import GraphBuilder, run_graph
+from autofusion.ir.graph import Graph
+from autofusion.models import build, random_inputs
 from autofusion.runtime import CompileCache, CompiledModel, compare_outputs
+from autofusion.runtime.loader import WorkspacePool
+from autofusion.runtime.unfused import UnfusedRunner
 
 _CHILD = r"""
 import sys, time
@@ -99,3 +104,44 @@ def test_cache_on_a_read_only_filesystem_falls_back_and_computes_correctly() -> 
     model = CompiledModel(optimize(g), cache=cache)
     assert model.library_path.is_relative_to(cache.root)
     assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
+
+
+def _bert_tiny_feeds(count: int) -> tuple[Graph, list[dict[str, np.ndarray]]]:
+    graph = build("bert-tiny")
+    return graph, [random_inputs(graph, seed=i) for i in range(count)]
+
+
+def test_compiled_model_is_correct_from_eight_threads_at_once(problems_from_threads) -> None:
+    graph, feeds = _bert_tiny_feeds(16)
+    model = CompiledModel(optimize(graph))
+    assert problems_from_threads(model.run, feeds, threads=8, calls=50) == []
+
+
+def test_profiling_build_keeps_each_threads_timings(problems_from_threads) -> None:
+    graph, feeds = _bert_tiny_feeds(4)
+    model = CompiledModel(optimize(graph), profile=True)
+    seen: list[dict[str, float]] = []
+
+    def run_and_time(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = model.run(f)
+        seen.append(model.step_seconds())
+        return out
+
+    assert problems_from_threads(run_and_time, feeds, threads=8, calls=10) == []
+    assert all(set(s) == set(model.source.profiled) and min(s.values()) >= 0.0 for s in seen)
+
+
+def test_unfused_runner_is_correct_from_eight_threads_at_once(problems_from_threads) -> None:
+    graph, feeds = _bert_tiny_feeds(8)
+    runner = UnfusedRunner(graph)
+    assert problems_from_threads(runner.run, feeds, threads=8, calls=25) == []
+
+
+def test_workspace_pool_gives_calls_at_once_their_own_workspace() -> None:
+    pool = WorkspacePool(1000)
+    with pool.lease() as first, pool.lease() as second:
+        assert first.ctypes.data != second.ctypes.data
+        assert first.nbytes == second.nbytes == 1000 and first.ctypes.data % 64 == 0
+    with pool.lease() as again:  # released workspaces are reused, not reallocated
+        assert again.ctypes.data in (first.ctypes.data, second.ctypes.data)
+    assert pool.allocated == 2

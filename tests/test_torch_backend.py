@@ -213,3 +213,16 @@ def test_importing_autofusion_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_compiled_module_is_correct_from_eight_threads_at_once(problems_from_threads):
+    torch.manual_seed(0)
+    model = TransformerBlock().eval()
+    compiled = torch.compile(model, backend="autofusion")
+    inputs = [torch.randn(2, 8, 16) for _ in range(4)]
+
+    def call(x):
+        with torch.no_grad():
+            return {"y": compiled(x).numpy()}
+
+    assert problems_from_threads(call, inputs, threads=8, calls=25) == []

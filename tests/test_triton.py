@@ -161,3 +161,10 @@ def test_golden_snapshots(case: str) -> None:
     if UPDATE or not path.exists():
         path.write_text(source)
     assert source == path.read_text(), f"{path} changed; rerun with AUTOFUSION_UPDATE_GOLDEN=1 if intended"
+
+
+def test_calls_from_eight_threads_are_correct(problems_from_threads) -> None:
+    graph = gemm_graph()
+    model = TritonModel(one_group_plan(graph, "gemm_epilogue"), fallback=False)
+    feeds = [feeds_for(graph, seed) for seed in range(4)]
+    assert problems_from_threads(model, feeds, threads=8, calls=12) == []

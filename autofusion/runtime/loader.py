@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +46,34 @@ def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     raw = np.empty(nbytes + align, dtype=np.uint8)
     shift = (-raw.ctypes.data) % align
     return raw[shift:shift + nbytes]
+
+
+class WorkspacePool:
+    """Workspaces of ``nbytes`` for concurrent runs of one library: a call leases a free one, or a
+    new one when every workspace is in use, so threads never share one and never wait for one.
+
+    The pool holds as many workspaces as there were calls running at once at its peak.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = max(64, nbytes)
+        self._free = [aligned_empty(self.nbytes)]
+        self._lock = threading.Lock()
+        self.allocated = 1
+
+    @contextmanager
+    def lease(self) -> Iterator[np.ndarray]:
+        with self._lock:
+            workspace = self._free.pop() if self._free else None
+            if workspace is None:
+                self.allocated += 1
+        if workspace is None:
+            workspace = aligned_empty(self.nbytes)  # allocated outside the lock: others need not wait
+        try:
+            yield workspace
+        finally:
+            with self._lock:
+                self._free.append(workspace)
 
 
 def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

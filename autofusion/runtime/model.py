@@ -17,7 +17,7 @@ from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
     RunError,
-    aligned_empty,
+    WorkspacePool,
     checked_feeds,
     default_threads,
     load_library,
@@ -34,7 +34,9 @@ class CompiledModel:
     >>> # model = CompiledModel(unfused_plan(graph)); model.run({"x": x})["y"]
 
     Weights are handed to the library once, at load; each run passes only the input, output and
-    workspace pointers. Not safe for concurrent ``run`` calls on one instance (one workspace).
+    workspace pointers. ``run`` is safe from any number of threads at once: each call leases a
+    workspace of its own from a pool (``workspaces``), so calls neither share buffers nor wait for
+    each other; the pool grows to the most calls that ran at once.
 
     Matrix products run the core the tuner measured fastest on this machine for their shape
     (runtime/tuning.py, cached per machine); ``tune=False`` (or ``$AUTOFUSION_TUNE=0``) takes the
@@ -69,7 +71,7 @@ class CompiledModel:
         self._ctx = ctx
         self._finalizer = weakref.finalize(self, lib.af_destroy, ctx)
         assert self.source.buffers is not None
-        self._workspace = aligned_empty(max(64, self.source.buffers.workspace_bytes))
+        self.workspaces = WorkspacePool(self.source.buffers.workspace_bytes)
         graph = plan.graph
         self._out_specs = [(o, graph.types[o].shape, graph.types[o].dtype.numpy) for o in graph.outputs]
 
@@ -80,7 +82,8 @@ class CompiledModel:
         return self.source.buffers.peak_bytes
 
     def step_seconds(self) -> dict[str, float]:
-        """Seconds each group's step took in the last ``run`` (a model built with ``profile=True``)."""
+        """Seconds each group's step took in this thread's last ``run`` (a model built with
+        ``profile=True``; each thread keeps its own timings)."""
         if not self.source.profile:
             raise RunError("step_seconds needs a profiling build: CompiledModel(plan, profile=True)")
         if not self.source.profiled:
@@ -105,9 +108,10 @@ class CompiledModel:
         inputs = [arrays[name] for name in graph.inputs]
         outputs = [np.empty(shape, dtype) for _, shape, dtype in self._out_specs]
         in_ptrs, out_ptrs = pointer_array(inputs), pointer_array(outputs)
-        rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
-                              ctypes.cast(out_ptrs, ctypes.c_void_p), self._workspace.ctypes.data,
-                              default_threads(threads) if threads is not None else self.threads)
+        nt = default_threads(threads) if threads is not None else self.threads
+        with self.workspaces.lease() as workspace:
+            rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
+                                  ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
         if rc != 0:
             raise RunError(f"af_run returned {rc}")
         result: dict[str, np.ndarray] = {}

@@ -4,12 +4,19 @@ Groups the Triton backend cannot render run their nodes with the op registry's r
 implementations (the same numpy code as :func:`autofusion.ir.run_graph`), unless the model was
 built with ``fallback=False``, in which case the first such group is refused with its CodegenError.
 Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on the CPU.
+
+Calls from several threads are safe: each call has its own tensors. Triton's interpreter patches
+``triton.language`` for the launch it runs, process-wide, so under ``TRITON_INTERPRET=1`` calls take
+turns (one lock for every model); on a device they run concurrently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +30,14 @@ from autofusion.codegen.triton import TritonKernel, render_triton_group
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.ir.interpreter import check_feeds
 from autofusion.ops.registry import OpRegistry, default_registry
+
+_INTERPRETER_LOCK = threading.Lock()  # the interpreter's patching of triton.language is process-wide
+
+
+def _launch_guard() -> contextlib.AbstractContextManager[object]:
+    """The lock calls take turns on under Triton's interpreter; nothing on a device."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRETER_LOCK if interpreted else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,10 @@ class TritonModel:
         return module
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with _launch_guard():
+            return self._run(feeds)
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
         graph = self.plan.graph
