@@ -85,8 +85,8 @@ def test_conv_geometries(attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[i
     y = b.op("Conv", x, b.const(f32(*w_shape)), **attrs)
     g = b.build([b.op("Clip", y, b.const(np.float32(-2.0)), b.const(np.float32(2.0)))])
     code = check(g, {"x": f32(*x_shape)})
-    # stride 1 over one plane with packed weights: the taps are read in place, no im2col copy
-    taps = widen == 8 and "strides" not in attrs and len(x_shape) == 4 and attrs != {}
+    # one plane (any stride) with packed weights: the taps are read in place, no im2col copy
+    taps = widen == 8 and len(x_shape) != 5 and attrs != {}
     depthwise = attrs.get("group") == 4 and widen == 1  # one input and one output channel per group
     assert ("/* im2col of the block" in code) == (attrs != {} and not taps and not depthwise)
     assert ("sums its own input channel" in code) == depthwise
@@ -302,7 +302,7 @@ def test_pooling_falls_back_when_an_output_reads_the_convolution_beside_the_pool
     assert "the pooled values of the block" not in code
 
 
-# -- stride-1 convolutions reading their taps in place (no im2col) ----------------------------------
+# -- convolutions reading their taps in place (no im2col) ------------------------------------------
 
 TAPS_CASES = {
     "3x3_pad1_batch2_residual": dict(x=(2, 40, 30, 30), w=(40, 40, 3, 3), pads=(1, 1, 1, 1)),
@@ -314,25 +314,36 @@ TAPS_CASES = {
     "1x1_with_pad": dict(x=(1, 16, 6, 6), w=(32, 16, 1, 1), pads=(1, 1, 1, 1)),
     "7x7_layer4": dict(x=(1, 64, 7, 7), w=(96, 64, 3, 3), pads=(1, 1, 1, 1)),
     "1d": dict(x=(2, 16, 50), w=(32, 16, 5), pads=(2, 2)),
+    # strided: the slab split into stride phases (2 x 2 planes for a 3x3 stride-2 kernel)
+    "3x3_stride2_odd_rows": dict(x=(1, 24, 17, 16), w=(40, 24, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),
+    "7x7_stride2_stem": dict(x=(1, 3, 30, 29), w=(64, 3, 7, 7), pads=(3, 3, 3, 3), strides=(2, 2)),
+    "1x1_stride2_batch2": dict(x=(2, 16, 13, 14), w=(32, 16, 1, 1), pads=(0, 0, 0, 0), strides=(2, 2)),
+    "stride2_dilation2": dict(x=(1, 8, 19, 19), w=(32, 8, 3, 3), pads=(2, 2, 2, 2), strides=(2, 2),
+                              dilations=(2, 2)),  # every tap on phase 0: one plane
+    "strides_2x3_asymmetric": dict(x=(1, 8, 14, 17), w=(32, 8, 3, 4), pads=(1, 0, 0, 2), strides=(2, 3)),
+    "3x3_stride2_layer4": dict(x=(1, 32, 14, 14), w=(64, 32, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),
+    "1d_stride3": dict(x=(2, 16, 51), w=(32, 16, 5), pads=(2, 1), strides=(3,)),
 }
 
 
 @pytest.mark.parametrize("impl", ["taps", "packed", "blas"])
 @pytest.mark.parametrize("case", sorted(TAPS_CASES))
-def test_stride1_convolutions_read_taps_in_place(case: str, impl: str) -> None:
-    """Each stride-1 geometry with BatchNormalization, Relu and a residual, computed three ways (taps
-    read from the zero-padded input, im2col + the packed kernel, OpenBLAS), against the reference."""
+def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
+    """Each geometry with BatchNormalization, Relu and a residual, computed three ways (taps read
+    from the zero-padded input split by stride phase, im2col + the packed kernel, OpenBLAS), against
+    the reference."""
     from autofusion.codegen.cores import CoreChoice, FixedChooser
 
     spec = TAPS_CASES[case]
     xs, ws, pads = spec["x"], spec["w"], spec["pads"]
     dil = spec.get("dilations", (1,) * (len(xs) - 2))
+    strides = spec.get("strides", (1,) * (len(xs) - 2))
     half = len(pads) // 2
-    out_shape = (xs[0], ws[0]) + tuple(n + pads[i] + pads[i + half] - d * (k - 1)
-                                       for i, (n, k, d) in enumerate(zip(xs[2:], ws[2:], dil)))
+    out_shape = (xs[0], ws[0]) + tuple((n + pads[i] + pads[i + half] - d * (k - 1) - 1) // s + 1
+                                       for i, (n, k, d, s) in enumerate(zip(xs[2:], ws[2:], dil, strides)))
     m = ws[0]
     b = GraphBuilder("taps")
-    attrs = {k: v for k, v in spec.items() if k in ("pads", "dilations", "group")}
+    attrs = {k: v for k, v in spec.items() if k in ("pads", "dilations", "group", "strides")}
     c = b.op("Conv", b.input("x", xs), b.const(f32(*ws) * np.float32(0.2)), b.const(f32(m)), **attrs)
     bn = b.op("BatchNormalization", c, b.const(f32(m)), b.const(f32(m)), b.const(f32(m)),
               b.const(np.abs(f32(m)) + 0.5))
@@ -348,7 +359,7 @@ def test_stride1_convolutions_read_taps_in_place(case: str, impl: str) -> None:
     assert ("im2col of the block" in code) == (impl != "taps")
 
 
-def test_taps_are_the_default_for_stride1_and_not_for_stride2() -> None:
+def test_taps_are_the_default_for_stride1_and_stride2() -> None:
     b = GraphBuilder("two")
     x = b.input("x", (1, 8, 12, 12))
     y = b.op("Relu", b.op("Conv", x, b.const(f32(16, 8, 3, 3)), pads=(1, 1, 1, 1)))
@@ -358,7 +369,7 @@ def test_taps_are_the_default_for_stride1_and_not_for_stride2() -> None:
                                 template_of=lambda ns: "conv_epilogue"), ZERO_COST, ZERO_COST)
     model = CompiledModel(plan, cache=CACHE)
     first, second = model.source.kernels
-    assert [c.impl for _, c in first.cores] == ["taps"] and [c.impl for _, c in second.cores] == ["packed"]
+    assert [c.impl for _, c in first.cores] == ["taps"] and [c.impl for _, c in second.cores] == ["taps"]
     feeds = {"x": f32(1, 8, 12, 12)}
     report = compare_outputs(run_graph(g, feeds), model.run(feeds))
     assert report.ok, report.summary()
@@ -437,3 +448,21 @@ def test_a_depthwise_convolution_as_the_output_is_written_in_place() -> None:
                       pads=(1, 1, 1, 1))])
     code = check(g, {"x": f32(1, 16, 10, 10)})
     assert "sums its own input channel" in code and "float* restrict c = tile" not in code
+
+
+def test_tap_slab_splits_a_strided_input_into_the_phases_its_taps_read() -> None:
+    """3x3 stride 2: four planes, tap (i, j) in plane (i % 2, j % 2) at row i // 2, column j // 2; a 1x1
+    stride-2 kernel and a stride-2 kernel dilated by 2 read phase 0 only: one plane."""
+    from autofusion.codegen.conv import tap_slab
+
+    slab = tap_slab(16, 8, 28, (3, 3), (2, 2), (1, 1))
+    assert (slab.rows, slab.width, slab.row_phases, slab.col_phases) == (9, 29, (0, 1), (0, 1))
+    assert slab.offsets[0] == (0, 0, 0) and slab.offsets[1] == (1, 0, 0) and slab.offsets[2] == (0, 0, 1)
+    assert slab.offsets[3] == (2, 0, 0) and slab.offsets[8] == (0, 1, 1)
+    assert slab.channel == 4 * 9 * 29 and slab.slab_bytes == -(-16 * slab.channel * 4 // 64) * 64
+    one = tap_slab(16, 8, 28, (1, 1), (2, 2), (1, 1))
+    assert (one.rows, one.width, one.row_phases, one.col_phases, one.offsets) == (8, 28, (0,), (0,), ((0, 0, 0),))
+    dilated = tap_slab(8, 4, 9, (3, 3), (2, 2), (2, 2))
+    assert dilated.col_phases == (0,) and dilated.offsets[4] == (0, 1, 1) and dilated.width == 11
+    stride1 = tap_slab(8, 4, 56, (3, 3), (1, 1), (1, 1))  # stride 1: the padded rows, one plane
+    assert (stride1.rows, stride1.width, len(stride1.offsets)) == (6, 58, 9)

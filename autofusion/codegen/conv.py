@@ -2,7 +2,8 @@
 epilogue per tile.
 
 For each image and group the input is unfolded into a [C/g * taps, out positions] matrix (skipped
-for 1x1 kernels with stride 1 and no padding), then output tiles of [channels x whole output rows]
+for 1x1 kernels with stride 1 and no padding; for 2-D convolutions with packed weights, each task
+copies its input rows once, split by stride phase, and the taps are read in place), then output tiles of [channels x whole output rows]
 are computed in parallel and, while each tile is in cache, the epilogue (bias, folded
 BatchNormalization, Relu/Clip, residual Add, ...) runs on it. Constant weights with at least
 PACKED_MIN_COLUMNS output channels per group are packed at build time and the tile is computed
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -148,10 +150,10 @@ class _Conv:
                     tuple(win.dilations), (groups,))
         outputs = [] if only_into else list(k.group.outputs)
         pool = None if only_into else self._pooling(y, outputs)
-        # stride 1 over one plane (no depth, no negative pads, which crop): output positions at the
-        # padded input's row pitch are an affine walk through it, so the taps can be read in place
-        direct_ok = (packable and im2col and pool is None and (sd, sh, sw) == (1, 1, 1) and od == 1
-                     and kd == 1 and min(win.pad_begin + win.pad_end) >= 0)
+        # one plane (no depth, no negative pads, which crop): split into its stride phases, the padded
+        # input makes output positions an affine walk for every tap, so the taps can be read in place
+        direct_ok = (packable and im2col and pool is None and od == 1 and kd == 1
+                     and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and cg == 1 and pool is None
         choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry,
                                  taps=direct_ok, depthwise=depthwise_ok))
@@ -202,11 +204,9 @@ class _Conv:
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
         direct = None
         pitch = ow  # tile rows per output row: the padded input's width when the taps are read in place
-        if choice.taps:  # each task's slab: its input rows, zero-padded, for every channel of the group
-            _, _, pwe = _pad3(list(win.pad_end), 0)
-            pitch = inw + pw + pwe
-            rows = pb // ow + (kh - 1) * dh
-            direct = {"iwp": pitch, "rows": rows, "slab_bytes": -(-cg * rows * pitch * 4 // 64) * 64}
+        if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
+            direct = tap_slab(cg, pb // ow, ow, (kh, kw), (sh, sw), (dh, dw))
+            pitch = direct.width
         if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
             c_ptr, ldc = "tile", mb
@@ -240,7 +240,7 @@ class _Conv:
         tile_floats = mb * (pb // ow) * pitch if packed or not ybuf else 0
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
         if direct is not None:  # the slab and the offset table take the im2col block's place
-            col_floats = (direct["slab_bytes"] + kc * 4) // 4
+            col_floats = (direct.slab_bytes + kc * 4) // 4
         col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 1)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         return k.templates.render(
@@ -408,6 +408,49 @@ class _Conv:
         except Misaligned:
             return False
         return True
+
+
+@dataclass(frozen=True)
+class TapSlab:
+    """A task's input rows laid out so that every tap of a strided convolution is read in place.
+
+    The padded input is split into planes by (row phase, column phase) modulo the strides, keeping
+    only the phases some tap reads: plane (a, b) holds rows a, a + sh, ... and columns b, b + sw, ...
+    Output position (row r, column c) under tap (i, j) then reads plane ((i*dh) % sh, (j*dw) % sw) at
+    row r + (i*dh) // sh, column c + (j*dw) // sw: consecutive positions are consecutive floats at a
+    pitch of ``width`` per output row, as af_sgemm_packed_taps walks them. Stride 1 is one plane.
+    """
+
+    channels: int
+    rows: int  # rows of each plane
+    width: int  # floats per row of a plane: the output width plus the taps' reach beyond it
+    row_phases: tuple[int, ...]
+    col_phases: tuple[int, ...]
+    offsets: tuple[tuple[int, int, int], ...]  # per tap (kh, kw): (plane, row, column) it starts at
+
+    @property
+    def plane(self) -> int:
+        return self.rows * self.width
+
+    @property
+    def channel(self) -> int:
+        return len(self.row_phases) * len(self.col_phases) * self.plane
+
+    @property
+    def slab_bytes(self) -> int:
+        return -(-self.channels * self.channel * 4 // 64) * 64
+
+
+def tap_slab(channels: int, out_rows: int, ow: int, kernel: tuple[int, int], strides: tuple[int, int],
+             dilations: tuple[int, int]) -> TapSlab:
+    """The slab for blocks of ``out_rows`` output rows of width ``ow`` (see :class:`TapSlab`)."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    row_phases = tuple(sorted({i * dh % sh for i in range(kh)}))
+    col_phases = tuple(sorted({j * dw % sw for j in range(kw)}))
+    offsets = tuple((row_phases.index(i * dh % sh) * len(col_phases) + col_phases.index(j * dw % sw),
+                     i * dh // sh, j * dw // sw) for i in range(kh) for j in range(kw))
+    return TapSlab(channels, out_rows + (kh - 1) * dh // sh, ow + (kw - 1) * dw // sw, row_phases, col_phases,
+                   offsets)
 
 
 def _channel_block(mg: int, tasks: int, packed: bool) -> int:

@@ -8,7 +8,7 @@ while it renders and records the answer in the kernel (``KernelSource.cores``), 
 name the variant each kernel ran.
 
 The default chooser decides from what the machine reports (instruction set, L2 cache): the packed
-kernel wherever the weight can be packed (reading a stride-1 convolution's taps in place), ``kc``
+kernel wherever the weight can be packed (reading a convolution's taps in place), ``kc``
 so that one pass's slice of a panel takes an eighth of L2. The runtime's tuner
 (autofusion/runtime/tuning.py) times candidates instead.
 
@@ -31,7 +31,7 @@ MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable"
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_ROW_BYTES = 32 * 4  # one row of a packed panel (PACK_NR floats, codegen/gemm.py)
-# "taps": packed weights, a stride-1 convolution read in place; "depthwise": one input channel per
+# "taps": packed weights, a convolution's taps read in place; "depthwise": one input channel per
 # output channel, its taps accumulated straight from the input (no product to hand a GEMM)
 IMPLS = ("packed", "taps", "depthwise", "blas")
 
@@ -76,7 +76,7 @@ class CoreSpec:
     packable: bool = False
     calls: int = 1
     geometry: tuple[tuple[int, ...], ...] = ()
-    taps: bool = False  # a convolution that can read its taps in place from a padded input (stride 1)
+    taps: bool = False  # a convolution that can read its taps in place from a padded, phase-split input
     depthwise: bool = False  # a convolution with one input and one output channel per group
 
     @property

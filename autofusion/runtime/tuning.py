@@ -3,7 +3,7 @@
 For each distinct core of a plan that has a choice (a constant weight the packed kernel can take,
 large enough to matter), the tuner compiles the core alone as a one-op model, once per candidate
 (``candidates``: the packed kernel with K in passes of half, once and twice the default ``kc``,
-from the L2 cache; for a stride-1 convolution its taps read in place and the im2col form; and
+from the L2 cache; for a convolution over one plane its taps read in place and the im2col form; and
 OpenBLAS's sgemm on the unpacked weight). It times them round-robin on this machine with the plan's
 thread count (each sample a run repeated for SAMPLE_SECONDS; a candidate's time is its fastest
 sample, as interference only adds time), and keeps the fastest; the default stays unless another

@@ -11,13 +11,16 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
         #pragma omp parallel num_threads(nt)
         {
             char* restrict block = (char*)af_thread_block(150784); /* this thread's */
-            /* this thread's slab: a block's input rows zero-padded, [channel][row][column]; offs: where each
-               (channel, tap) starts in it, so that the taps are read in place (af_sgemm_packed_taps) */
+            /* this thread's slab: a block's input rows zero-padded and split by stride phase,
+               [channel][row phase][column phase][row][column]; offs: where each (channel, tap) starts in
+               it, so that the taps are read in place (af_sgemm_packed_taps) */
             float* restrict slab = (float*)block;
             int32_t* restrict offs = (int32_t*)(block + 89088);
-            for (int64_t row = 0; row < 576; ++row)
-                offs[row] = (int32_t)(row / 9 * 348 + row / 3 % 3 * 58
-                                      + row % 3 * 1);
+            {
+                static const int32_t tap_start[9] = { 0, 1, 2, 58, 59, 60, 116, 117, 118 };
+                for (int64_t row = 0; row < 576; ++row)
+                    offs[row] = (int32_t)(row / 9 * 348 + tap_start[row % 9]);
+            }
             float* restrict tile = (float*)(block + 91392);
             /* one task per (image, group, channel block, block of whole output rows): no barrier between them */
             #pragma omp for schedule(dynamic, 1)
@@ -29,20 +32,34 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                 const int mlen = (int)(64 - m0 < 64 ? 64 - m0 : 64);
                 const int plen = (int)(3136 - p0 < 224 ? 3136 - p0 : 224);
                 const float* restrict xg = t_x + (n * 64 + gi * 64) * 3136;
-                /* the block's input rows (1.x times the input, where im2col copies it once per tap) */
+                /* the block's input rows, each copied once (im2col copies it once per tap) */
+                static const int64_t row_phase[1] = { 0 };
+                static const int64_t col_phase[1] = { 0 };
                 const int64_t q0 = p0 / 56, srows = plen / 56 + 2;
                 for (int64_t ch = 0; ch < 64; ++ch)
-                    for (int64_t r = 0; r < srows; ++r) {
-                        float* restrict dst = slab + (ch * 6 + r) * 58;
-                        const int64_t y = q0 + r - 1;
-                        if (y < 0 || y >= 56) {
-                            memset(dst, 0, 58 * sizeof(float));
-                            continue;
+                    for (int64_t a = 0; a < 1; ++a)
+                        for (int64_t r = 0; r < srows; ++r) {
+                            float* restrict dst = slab + ch * 348 + a * 348 + r * 58;
+                            const int64_t y = (q0 + r) * 1 + row_phase[a] - 1;
+                            if (y < 0 || y >= 56) {
+                                for (int64_t b = 0; b < 1; ++b)
+                                    memset(dst + b * 348, 0, 58 * sizeof(float));
+                                continue;
+                            }
+                            const float* restrict src = xg + ch * 3136 + y * 56;
+                            for (int64_t b = 0; b < 1; ++b) {
+                                /* the plane's columns whose input column j * sw + phase - pw is inside the image: [lo, hi) */
+                                const int64_t first = 1 - col_phase[b], last = 56 - col_phase[b];
+                                int64_t lo = first > 0 ? (first + 0) / 1 : 0;
+                                int64_t hi = last >= 0 ? last / 1 + 1 : 0;
+                                if (hi > 58) hi = 58;
+                                if (lo > hi) lo = hi;
+                                float* restrict out = dst + b * 348;
+                                for (int64_t j = 0; j < lo; ++j) out[j] = 0.0f;
+                                memcpy(out + lo, src + lo - first, (size_t)(hi - lo) * sizeof(float));
+                                for (int64_t j = hi; j < 58; ++j) out[j] = 0.0f;
+                            }
                         }
-                        memset(dst, 0, 1 * sizeof(float));
-                        memcpy(dst + 1, xg + ch * 3136 + y * 56, 56 * sizeof(float));
-                        memset(dst + 57, 0, 1 * sizeof(float));
-                    }
                 /* positions at the slab's row pitch: the columns past ow of each row are computed, not read */
                 const float* restrict cols = slab;
                 const int prows = (int)((plen / 56 - 1) * 58 + 56);
