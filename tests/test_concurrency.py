@@ -106,19 +106,20 @@ def test_cache_on_a_read_only_filesystem_falls_back_and_computes_correctly() -> 
     assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
 
 
-def _bert_tiny_feeds(count: int) -> tuple[Graph, list[dict[str, np.ndarray]]]:
-    graph = build("bert-tiny")
+def _feeds(count: int, name: str = "bert-tiny") -> tuple[Graph, list[dict[str, np.ndarray]]]:
+    graph = build(name)
     return graph, [random_inputs(graph, seed=i) for i in range(count)]
 
 
-def test_compiled_model_is_correct_from_eight_threads_at_once(problems_from_threads) -> None:
-    graph, feeds = _bert_tiny_feeds(16)
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny", "resnet-tiny", "lstm-tiny"])
+def test_compiled_model_is_correct_from_eight_threads_at_once(problems_from_threads, name: str) -> None:
+    graph, feeds = _feeds(16, name)
     model = CompiledModel(optimize(graph))
-    assert problems_from_threads(model.run, feeds, threads=8, calls=50) == []
+    assert problems_from_threads(model.run, feeds, threads=8, calls=200) == []
 
 
 def test_profiling_build_keeps_each_threads_timings(problems_from_threads) -> None:
-    graph, feeds = _bert_tiny_feeds(4)
+    graph, feeds = _feeds(4)
     model = CompiledModel(optimize(graph), profile=True)
     seen: list[dict[str, float]] = []
 
@@ -127,14 +128,14 @@ def test_profiling_build_keeps_each_threads_timings(problems_from_threads) -> No
         seen.append(model.step_seconds())
         return out
 
-    assert problems_from_threads(run_and_time, feeds, threads=8, calls=10) == []
+    assert problems_from_threads(run_and_time, feeds, threads=8, calls=200) == []
     assert all(set(s) == set(model.source.profiled) and min(s.values()) >= 0.0 for s in seen)
 
 
 def test_unfused_runner_is_correct_from_eight_threads_at_once(problems_from_threads) -> None:
-    graph, feeds = _bert_tiny_feeds(8)
+    graph, feeds = _feeds(8)
     runner = UnfusedRunner(graph)
-    assert problems_from_threads(runner.run, feeds, threads=8, calls=25) == []
+    assert problems_from_threads(runner.run, feeds, threads=8, calls=200) == []
 
 
 def test_workspace_pool_gives_calls_at_once_their_own_workspace() -> None:

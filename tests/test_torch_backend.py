@@ -225,4 +225,4 @@ def test_compiled_module_is_correct_from_eight_threads_at_once(problems_from_thr
         with torch.no_grad():
             return {"y": compiled(x).numpy()}
 
-    assert problems_from_threads(call, inputs, threads=8, calls=25) == []
+    assert problems_from_threads(call, inputs, threads=8, calls=200) == []

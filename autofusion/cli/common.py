@@ -32,11 +32,12 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     from autofusion.codegen.cores import UnknownIsaError
     from autofusion.frontends.onnx_import import OnnxImportError
     from autofusion.models import ModelSizeError, UnknownModelError, WeightError
+    from autofusion.runtime.sanitize import SanitizerUnavailable
     from autofusion.runtime.toolchain import CompileError
 
     return (CliError, OnnxImportError, UnknownModelError, ModelSizeError, WeightError, ShapeError, VerifyError,
             UnknownOpError, InterpreterError, FileNotFoundError, IsADirectoryError, PermissionError, CompileError,
-            UnknownIsaError)
+            UnknownIsaError, SanitizerUnavailable)
 
 
 def error(message: str, stream: TextIO | None = None) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.fuzz.generator import FuzzCase, random_case
+from autofusion.fuzz.cases import case_for
+from autofusion.fuzz.generator import FuzzCase
 from autofusion.ir import run_graph
 
 RTOL = 1e-4
@@ -54,6 +55,23 @@ class CampaignReport:
     failures: list[CaseResult] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)  # error type -> count
     by_strategy: dict[str, int] = field(default_factory=dict)
+
+    def add(self, result: CaseResult) -> None:
+        """Count ``result`` (one case's outcome) into the report."""
+        self.cases += 1
+        self.by_strategy[result.strategy] = self.by_strategy.get(result.strategy, 0) + 1
+        if result.outcome == "ok":
+            self.ok += 1
+            if result.detail:
+                self.float64_rechecked.append(result.seed)
+        elif result.outcome == "refused":
+            self.refused += 1
+            kind = result.detail.split(":", 1)[0]
+            self.refusals[kind] = self.refusals.get(kind, 0) + 1
+        elif result.outcome == "mismatch":
+            self.mismatches.append(result)
+        else:
+            self.failures.append(result)
 
     def to_json(self) -> dict[str, object]:
         """The report as JSON-ready data (``cases``, ``mismatches`` with seeds, ...)."""
@@ -133,6 +151,7 @@ def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = No
     """Optimise ``case`` with its strategy, run it compiled (and unfused now and then), compare;
     with ``triton`` also through the Triton backend (under ``TRITON_INTERPRET=1`` on the CPU)."""
     from autofusion.api import optimize
+    from autofusion.codegen.cores import FixedChooser
     from autofusion.runtime import CompiledModel, UnfusedRunner
 
     stage = "reference"
@@ -142,13 +161,15 @@ def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = No
         stage = "optimize"
         plan = optimize(case.graph, rules, strategy=case.strategy)  # type: ignore[arg-type]
         stage = "compiled"
-        diff = _differs(reference, CompiledModel(plan, threads=1, cache=cache).run(case.feeds), case, rechecked)
+        cores = FixedChooser(case.cores) if case.cores is not None else None
+        model = CompiledModel(plan, threads=case.threads, cache=cache, tune=False, cores=cores)
+        diff = _differs(reference, model.run(case.feeds), case, rechecked)
         if diff:
             return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
         if case.check_unfused:
             stage = "unfused"
-            diff = _differs(reference, UnfusedRunner(case.graph, threads=1, cache=cache).run(case.feeds), case,
-                            rechecked)
+            unfused = UnfusedRunner(case.graph, threads=case.threads, cache=cache, tune=False)
+            diff = _differs(reference, unfused.run(case.feeds), case, rechecked)
             if diff:
                 return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
         if triton:
@@ -173,29 +194,15 @@ def _triton_model(plan: object) -> Any:
 
 
 def run_campaign(cases: int, seed: int, cache: str | Path | None = None, max_ops: int = 7,
-                 rules: object = None, triton: bool = False) -> CampaignReport:
-    """Run cases ``seed .. seed + cases - 1``; case ``s`` replays alone as ``cases=1, seed=s``."""
+                 rules: object = None, triton: bool = False, shapes: str = "small") -> CampaignReport:
+    """Run cases ``seed .. seed + cases - 1`` drawn by ``shapes`` (fuzz/cases.py); case ``s``
+    replays alone as ``cases=1, seed=s`` with the same ``shapes``."""
     from autofusion.api import load_ruleset
 
     report = CampaignReport()
     t0 = time.perf_counter()
     rules = load_ruleset(rules)  # type: ignore[arg-type]  # parsed once, not once per case
     for s in range(seed, seed + cases):
-        case = random_case(s, max_ops)
-        result = run_case(case, cache, rules, triton)
-        report.cases += 1
-        report.by_strategy[case.strategy] = report.by_strategy.get(case.strategy, 0) + 1
-        if result.outcome == "ok":
-            report.ok += 1
-            if result.detail:
-                report.float64_rechecked.append(result.seed)
-        elif result.outcome == "refused":
-            report.refused += 1
-            kind = result.detail.split(":", 1)[0]
-            report.refusals[kind] = report.refusals.get(kind, 0) + 1
-        elif result.outcome == "mismatch":
-            report.mismatches.append(result)
-        else:
-            report.failures.append(result)
+        report.add(run_case(case_for(s, shapes, max_ops), cache, rules, triton))
     report.seconds = time.perf_counter() - t0
     return report

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autofusion.codegen.cores import CoreChoice
 from autofusion.ir import Graph, GraphBuilder
 
 STRATEGIES = ("greedy", "dp", "beam", "exact")
@@ -25,16 +26,22 @@ REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax")
 
 @dataclass(frozen=True)
 class FuzzCase:
-    """One generated case: the graph, its inputs, and the strategy it is optimised with."""
+    """One generated case: the graph, its inputs, the strategy it is optimised with, the threads it
+    runs on and the core implementation its products are forced to (None: the default chooser)."""
 
     seed: int
     graph: Graph
     feeds: dict[str, np.ndarray]
     strategy: str
     check_unfused: bool
+    threads: int = 1
+    cores: CoreChoice | None = None
+    shapes: str = "small"  # which generator drew it: small | realistic
 
 
-class _Gen:
+class CaseBuilder:
+    """A graph under construction from one seed's random draws (the realistic cases build on it)."""
+
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.b = GraphBuilder(f"fuzz{seed}")
@@ -164,7 +171,7 @@ class _Gen:
 def random_case(seed: int, max_ops: int = 7, strategy: str | None = None) -> FuzzCase:
     """The case of ``seed``: a graph of 1..``max_ops`` generated ops plus its inputs; the strategy
     rotates with the seed unless given."""
-    gen = _Gen(seed)
+    gen = CaseBuilder(seed)
     rng = gen.rng
     rank = int(rng.choice([1, 2, 2, 3, 4]))
     shape = tuple(int(d) for d in rng.integers(1, 7, size=rank))

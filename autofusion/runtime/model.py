@@ -23,6 +23,7 @@ from autofusion.runtime.loader import (
     load_library,
     pointer_array,
 )
+from autofusion.runtime.sanitize import refusal, sanitizer_loaded
 from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
 from autofusion.runtime.tuning import Progress, Tuner, render_tuned, tune_by_default
 
@@ -123,6 +124,8 @@ class CompiledModel:
 def runnable_toolchain(toolchain: Toolchain | None) -> Toolchain:
     """``toolchain`` (default: detected), refused when this CPU cannot run what it builds."""
     tc = toolchain or detect_toolchain()
+    if tc.sanitize and not sanitizer_loaded():  # loading one here would abort the process
+        raise CompileError(refusal(tc.cc))
     if not tc.runnable:
         raise CompileError(f"this CPU cannot run code built for {tc.isa} (AUTOFUSION_ISA={tc.isa}); such a "
                            "library can be compiled (autofusion fuse --emit) but not loaded here")

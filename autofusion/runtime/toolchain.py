@@ -9,6 +9,9 @@ is the CPU's own by default; ``isa=`` or ``$AUTOFUSION_ISA`` (avx512, avx2, avx,
 for another class of x86-64 CPU instead, e.g. the AVX2 kernels on an AVX-512 machine. Sources for
 an instruction set this CPU lacks can be rendered, but compiling to run them here is refused
 (``runnable``, checked by the runtime before it builds anything).
+
+``sanitize=`` (default ``$AUTOFUSION_SANITIZE``) builds with AddressSanitizer and UBSan instead of
+``-O3`` (autofusion/runtime/sanitize.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from autofusion.codegen import cores
 from autofusion.codegen.cores import cpu_flags, native_isa
+from autofusion.runtime import sanitize as san
 
 
 class CompileError(RuntimeError):
@@ -63,6 +67,7 @@ class Toolchain:
     ldflags: tuple[str, ...]
     openmp: bool
     isa: str = "portable"  # the instruction set the code is built for
+    sanitize: bool = False  # built with AddressSanitizer and UBSan (runtime/sanitize.py)
 
     @property
     def runnable(self) -> bool:
@@ -129,14 +134,17 @@ def _march(isa: str) -> str:
     return ISA_MARCH[isa] if platform.machine() in ("x86_64", "AMD64", "i686", "i386") else ""
 
 
-def detect_toolchain(cc: str | None = None, opt: str = "-O3", isa: str | None = None) -> Toolchain:
+def detect_toolchain(cc: str | None = None, opt: str = "-O3", isa: str | None = None,
+                     sanitize: bool | None = None) -> Toolchain:
     """The compiler ``cc`` (default ``$CC`` or ``cc``) with the best flags it accepts, building for
-    ``isa`` (default: ``$AUTOFUSION_ISA`` or this CPU's)."""
-    return _detect_toolchain(cc or compiler_name(), opt, requested_isa(isa))
+    ``isa`` (default: ``$AUTOFUSION_ISA`` or this CPU's); ``sanitize`` (default
+    ``$AUTOFUSION_SANITIZE``) with the sanitizers' flags in place of ``opt``."""
+    wanted = san.sanitize_by_default() if sanitize is None else sanitize
+    return _detect_toolchain(cc or compiler_name(), opt, requested_isa(isa), wanted)
 
 
 @functools.lru_cache(maxsize=16)
-def _detect_toolchain(name: str, opt: str, isa: str) -> Toolchain:
+def _detect_toolchain(name: str, opt: str, isa: str, sanitize: bool = False) -> Toolchain:
     path = shutil.which(name)
     if path is None:
         raise CompileError(f"C compiler {name!r} not found; install gcc or clang, or set CC to a C compiler")
@@ -145,7 +153,8 @@ def _detect_toolchain(name: str, opt: str, isa: str) -> Toolchain:
     except (OSError, subprocess.SubprocessError) as e:
         raise CompileError(f"C compiler {path!r} does not run: {e}") from None
     # no errno and no FP traps: lets libm calls inline and floor/compare-heavy math helpers vectorise
-    base = [opt, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
+    base = [*(san.SANITIZE_FLAGS if sanitize else (opt,)), "-fPIC", "-fvisibility=hidden", "-fno-math-errno",
+            "-fno-trapping-math", "-std=gnu11"]
     with tempfile.TemporaryDirectory(prefix="autofusion-probe-") as tmp:
         workdir = Path(tmp)
         march = [m for m in (_march(isa),) if m]
@@ -155,6 +164,10 @@ def _detect_toolchain(name: str, opt: str, isa: str) -> Toolchain:
                 flags = base + extra
                 # without the -march flag the compiler targets its baseline: the portable kernels
                 built_for = isa if march and march[0] in flags else "portable"
-                return Toolchain(path, version.splitlines()[0] if version else "", tuple(flags),
-                                 ("-fopenmp",) if omp else (), omp, built_for)
+                ldflags = (("-fopenmp",) if omp else ()) + (san.SANITIZE_LDFLAGS if sanitize else ())
+                return Toolchain(path, version.splitlines()[0] if version else "", tuple(flags), ldflags, omp,
+                                 built_for, sanitize)
+    if sanitize:
+        raise CompileError(f"C compiler {path!r} cannot build with {' '.join(san.SANITIZE_FLAGS)}: "
+                           f"{san.refusal(path)}")
     raise CompileError(f"C compiler {path!r} cannot build a shared library with flags {' '.join(base)}")

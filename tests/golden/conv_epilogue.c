@@ -41,19 +41,16 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                         for (int64_t r = 0; r < srows; ++r) {
                             float* restrict dst = slab + ch * 348 + a * 348 + r * 58;
                             const int64_t y = (q0 + r) * 1 + row_phase[a] - 1;
-                            if (y < 0 || y >= 56) {
-                                for (int64_t b = 0; b < 1; ++b)
-                                    memset(dst + b * 348, 0, 58 * sizeof(float));
-                                continue;
-                            }
-                            const float* restrict src = xg + ch * 3136 + y * 56;
+                            /* a row outside the image is all padding: an empty range, not a branch (as in im2col) */
+                            const int64_t inside = (y >= 0) & (y < 56);
+                            const float* restrict src = xg + ch * 3136 + inside * y * 56;
                             for (int64_t b = 0; b < 1; ++b) {
                                 /* the plane's columns whose input column j * sw + phase - pw is inside the image: [lo, hi) */
                                 const int64_t first = 1 - col_phase[b], last = 56 - col_phase[b];
                                 int64_t lo = first > 0 ? (first + 0) / 1 : 0;
                                 int64_t hi = last >= 0 ? last / 1 + 1 : 0;
                                 if (hi > 58) hi = 58;
-                                if (lo > hi) lo = hi;
+                                if (lo > hi || !inside) lo = hi;
                                 float* restrict out = dst + b * 348;
                                 for (int64_t j = 0; j < lo; ++j) out[j] = 0.0f;
                                 memcpy(out + lo, src + lo - first, (size_t)(hi - lo) * sizeof(float));

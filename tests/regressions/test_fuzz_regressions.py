@@ -126,3 +126,27 @@ def test_campaign_report_names_the_seeds_rechecked_in_float64() -> None:
 
     data = run_campaign(1, 308006, CACHE).to_json()
     assert (data["ok"], data["float64_rechecked"], data["float64_rechecked_seeds"]) == (1, 1, [308006])
+
+
+@pytest.mark.parametrize("seed", [64, 103, 139])  # 1x1 and 3x3 convolutions padded on top only, im2col
+def test_realistic_fuzz_seeds_that_once_failed(seed: int) -> None:
+    from autofusion.fuzz.realistic import realistic_case
+
+    assert run_case(realistic_case(seed), CACHE).outcome == "ok"
+
+
+@pytest.mark.parametrize("impl", ["packed", "blas", "taps"])
+def test_im2col_rows_outside_the_image_with_avx512(impl: str) -> None:
+    """GCC 12.2 at -O3 with AVX-512 if-converted and vectorised im2col's per-row bounds test wrongly
+    (a 1x1 convolution padded on top only got its first rows from the wrong place); rows outside
+    the image are now an empty range of columns, not a branch."""
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+    from autofusion.decide import unfused_plan
+
+    b = GraphBuilder("top_pad")
+    x = b.input("x", (1, 8, 6, 6))
+    w = b.const(np.random.default_rng(0).standard_normal((32, 8, 1, 1)).astype(np.float32))
+    g = b.build([b.op("Conv", x, w, kernel_shape=(1, 1), pads=(1, 0, 0, 0))])
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 8, 6, 6)).astype(np.float32)}
+    model = CompiledModel(unfused_plan(g), cache=CACHE, cores=FixedChooser(CoreChoice(impl, 256)), tune=False)
+    assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
