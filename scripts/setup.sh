@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up a virtual environment in .venv with autofusion, its test tools and the optional GPU extra
+# Sets up a virtual environment in .venv with autofusion, its test tools, Ray (the cluster extra,
+# for fuzz campaigns) and the optional GPU extra
 # (torch CPU build + triton, for the Triton backend under TRITON_INTERPRET=1). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ fi
 # several GB. Without it (AUTOFUSION_NO_TORCH=1) the torch and Triton tests skip and say why.
 if [ -z "${AUTOFUSION_NO_TORCH:-}" ]; then
     .venv/bin/python -m pip install --quiet "torch==2.13.0"
-    .venv/bin/python -m pip install --quiet -e ".[test,gpu]"
+    .venv/bin/python -m pip install --quiet -e ".[test,gpu,cluster]"
 else
-    .venv/bin/python -m pip install --quiet -e ".[test]"
+    .venv/bin/python -m pip install --quiet -e ".[test,cluster]"
 fi

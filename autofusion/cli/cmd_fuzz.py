@@ -25,6 +25,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--sanitize", action="store_true",
                    help="build every case with AddressSanitizer and UBSan (-O1) and run it under their runtime in "
                         "a child process; a finding is a failure with its seed")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="spread the seeds over a Ray cluster (pip install 'autofusion[cluster]'); without ADDRESS, "
+                        "a local Ray started for the run")
     p.add_argument("--triton", action="store_true",
                    help="also run each plan through the Triton backend (interpreted on the CPU; needs torch and triton)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -35,9 +38,15 @@ def run(args: argparse.Namespace) -> int:
     from autofusion.fuzz import run_campaign
     from autofusion.fuzz.sanitized import run_sanitized_campaign
 
-    campaign = run_sanitized_campaign if args.sanitize else run_campaign
-    report = campaign(args.cases, args.seed, cache=args.cache, max_ops=args.max_ops, triton=args.triton,
-                      shapes=args.shapes)
+    if args.ray is not None:
+        from autofusion.fuzz.cluster import run_ray_campaign
+
+        report = run_ray_campaign(args.cases, args.seed, cache=args.cache, max_ops=args.max_ops, shapes=args.shapes,
+                                  triton=args.triton, sanitize=args.sanitize, address=args.ray or None)
+    else:
+        campaign = run_sanitized_campaign if args.sanitize else run_campaign
+        report = campaign(args.cases, args.seed, cache=args.cache, max_ops=args.max_ops, triton=args.triton,
+                          shapes=args.shapes)
     out = Output()
     if args.json:
         out.json(report.to_json())
@@ -46,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
                      if report.float64_rechecked else "")
         out.line(f"cases {report.cases}, ok {report.ok}{rechecked}, refused {report.refused}, "
                  f"mismatches {len(report.mismatches)}, failures {len(report.failures)} "
-                 f"({report.cases / report.seconds if report.seconds else 0.0:.2f} cases/s)")
+                 f"({report.cases / report.seconds if report.seconds else 0.0:.2f} cases/s"
+                 f"{f' on {report.workers} workers' if report.workers > 1 else ''})")
         for kind, results in (("mismatch", report.mismatches), ("failure", report.failures)):
             for r in results:
                 out.line(f"{kind}: seed {r.seed} ({r.strategy}, {r.backend}): {r.detail.splitlines()[0]}")

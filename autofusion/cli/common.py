@@ -31,13 +31,14 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, not a bug: reported in one line, exit status 2."""
     from autofusion.codegen.cores import UnknownIsaError
     from autofusion.frontends.onnx_import import OnnxImportError
+    from autofusion.fuzz.cluster import RayUnavailable
     from autofusion.models import ModelSizeError, UnknownModelError, WeightError
     from autofusion.runtime.sanitize import SanitizerUnavailable
     from autofusion.runtime.toolchain import CompileError
 
     return (CliError, OnnxImportError, UnknownModelError, ModelSizeError, WeightError, ShapeError, VerifyError,
             UnknownOpError, InterpreterError, FileNotFoundError, IsADirectoryError, PermissionError, CompileError,
-            UnknownIsaError, SanitizerUnavailable)
+            UnknownIsaError, SanitizerUnavailable, RayUnavailable)
 
 
 def error(message: str, stream: TextIO | None = None) -> None:

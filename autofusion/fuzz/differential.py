@@ -55,6 +55,19 @@ class CampaignReport:
     failures: list[CaseResult] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)  # error type -> count
     by_strategy: dict[str, int] = field(default_factory=dict)
+    workers: int = 1  # processes the campaign ran on (a Ray cluster's CPUs)
+
+    def merge(self, other: CampaignReport) -> None:
+        """Add the counts and findings of ``other`` (a campaign over other seeds)."""
+        self.cases += other.cases
+        self.ok += other.ok
+        self.refused += other.refused
+        self.float64_rechecked += other.float64_rechecked
+        self.mismatches += other.mismatches
+        self.failures += other.failures
+        for mine, theirs in ((self.refusals, other.refusals), (self.by_strategy, other.by_strategy)):
+            for key, count in theirs.items():
+                mine[key] = mine.get(key, 0) + count
 
     def add(self, result: CaseResult) -> None:
         """Count ``result`` (one case's outcome) into the report."""
@@ -82,7 +95,7 @@ class CampaignReport:
                 "float64_rechecked_seeds": self.float64_rechecked,
                 "refused": self.refused, "refusals": self.refusals,
                 "mismatches": rows(self.mismatches), "failures": rows(self.failures),
-                "by_strategy": self.by_strategy, "seconds": round(self.seconds, 3),
+                "by_strategy": self.by_strategy, "workers": self.workers, "seconds": round(self.seconds, 3),
                 "cases_per_second": round(self.cases / self.seconds, 3) if self.seconds else 0.0}
 
 
