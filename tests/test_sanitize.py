@@ -76,6 +76,28 @@ def test_the_shipped_tiny_models_run_clean_under_the_sanitizers(tmp_path: Path) 
 
 
 @needs_sanitizer
+def test_the_exported_test_models_run_clean_under_the_sanitizers(tmp_path: Path) -> None:
+    models = sorted((ROOT / "tests" / "data" / "models").glob("*.onnx"))
+    r = _child(f"""
+        from pathlib import Path
+        import numpy as np
+        from autofusion.api import optimize
+        from autofusion.frontends import load_onnx
+        from autofusion.runtime import CompiledModel
+        for path in map(Path, {[str(p) for p in models]!r}):
+            data = np.load(path.with_suffix(".npz"))
+            feeds = {{k.removeprefix("input:"): data[k] for k in data.files if k.startswith("input:")}}
+            got = CompiledModel(optimize(load_onnx(path)), cache={CACHE!r}, tune=False).run(feeds)
+            for k in data.files:
+                if k.startswith("output:"):
+                    np.testing.assert_allclose(got[k.removeprefix("output:")], data[k], rtol=1e-4, atol=1e-5)
+            print(path.stem, "clean", flush=True)
+        """, tmp_path)
+    assert r.returncode == 0 and not findings(r.stderr), r.stderr[-3000:]
+    assert r.stdout.count("clean") == len(models) >= 10
+
+
+@needs_sanitizer
 def test_fuzz_sanitize_runs_small_and_realistic_cases_clean(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fuzz", "--cases", "4", "--seed", "20", "--sanitize", "--json", "--cache", CACHE]) == 0
     data = json.loads(capsys.readouterr().out)
