@@ -198,3 +198,36 @@ def test_class_lists() -> None:
         REGISTRY.of_class(OpClass.REDUCTION))
     views = {op.name for op in REGISTRY if op.view}
     assert views == {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def test_op_facts_live_in_the_registry() -> None:
+    """Commutativity, matrix-product cores, pooling and views are fields of OpDef: the engine, the
+    legality checker, codegen and the benchmarks all read them there, not lists of their own."""
+    from autofusion.ops.registry import default_registry
+
+    reg = default_registry()
+    assert {n for n in reg.names if reg[n].commutative} == {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or",
+                                                            "Xor", "Equal"}
+    assert {n: reg[n].core for n in reg.names if reg[n].core} == {"MatMul": "gemm", "Gemm": "gemm", "Conv": "conv"}
+    assert {n for n in reg.names if reg[n].pooling} == {"MaxPool", "AveragePool"}
+    assert {n for n in reg.names if reg[n].view} == {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def test_a_commutative_fact_makes_patterns_match_either_order(tmp_path) -> None:
+    """Sub is not commutative: a rule written Sub(x, Relu(y)) does not match Sub(Relu(y), x); declared
+    commutative in an extended registry, the same pattern matches it."""
+    import dataclasses
+
+    from autofusion.api import optimize
+    from autofusion.dsl import load_rules
+    from autofusion.ir import GraphBuilder
+    from autofusion.ops.registry import default_registry
+
+    b = GraphBuilder("swap")
+    x, y = b.input("x", (4,)), b.input("y", (4,))
+    g = b.build([b.op("Sub", b.op("Relu", y), x)])
+    (tmp_path / "swap.fuse").write_text('fuse relu_sub: Sub(x, Relu(y)) -> template "pointwise"\n')
+    reg = default_registry()
+    swapped = reg.extended([dataclasses.replace(reg["Sub"], commutative=True)])
+    fused = [len(optimize(g, load_rules([tmp_path], registry=r), registry=r).groups) for r in (reg, swapped)]
+    assert fused == [2, 1]

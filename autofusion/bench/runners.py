@@ -26,7 +26,7 @@ from autofusion.ops.registry import OpRegistry, default_registry
 RUNNER_NAMES: tuple[str, ...] = ("reference", "unfused", "fused", "ort_disable", "ort_all", "torch_eager",
                                  "torch_compile")
 # ONNX ops that only change metadata: onnxruntime runs them without touching the data (or folds them)
-ONNX_VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Constant"})
+ONNX_VIEW_OPS = frozenset({"Constant", *(op for op in default_registry().names if default_registry()[op].view)})
 
 Outputs = Mapping[str, np.ndarray]
 

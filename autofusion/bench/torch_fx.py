@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import DType
+from autofusion.ops.registry import default_registry
 from autofusion.ops.spatial import window
 
 
@@ -151,7 +152,7 @@ _SIMPLE: dict[str, Callable[..., Any]] = {
     "Log": torch.log, "Sqrt": torch.sqrt, "Neg": torch.neg, "Abs": torch.abs, "Reciprocal": torch.reciprocal,
     "GlobalAveragePool": _global_average_pool,
 }
-_SHAPE_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+_SHAPE_ONLY = frozenset(op for op in default_registry().names if default_registry()[op].view)  # reshapes
 # ops whose other inputs (target shapes, axes, split sizes) are static and taken from the IR types
 _FIRST_INPUT_ONLY = _SHAPE_ONLY | {"Expand", "Split"}
 

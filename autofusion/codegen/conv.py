@@ -35,7 +35,6 @@ from autofusion.codegen.kernel import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import strided_view
-from autofusion.decide.legality import POOL_OPS
 from autofusion.ir.graph import Node
 from autofusion.ir.types import DType
 from autofusion.ops.common import ints
@@ -88,7 +87,8 @@ class _Conv:
         """A pointer to ``tensor`` laid out contiguously (computed into scratch when needed)."""
         if self.g.types[tensor].dtype != DType.FLOAT32:
             raise self.k.error(f"Conv operands must be float32, {tensor!r} is {self.g.types[tensor].dtype}", self.core)
-        view = strided_view(self.g, self.non_core, tensor, lambda t: self.materialized.get(t) or self.k.pointer(t))
+        view = strided_view(self.g, self.non_core, tensor, lambda t: self.materialized.get(t) or self.k.pointer(t),
+                            self.k.registry)
         if view is not None and view.contiguous:
             return view.ptr if view.offset == 0 else f"({view.ptr} + {view.offset})"
         off = self.k.scratch(self.g.types[tensor].nbytes)
@@ -260,7 +260,7 @@ class _Conv:
         """The pooling op of the group whose windows the tiles can feed: 2-D, over the convolution
         (through pointwise ops only), with every group output computed from its output."""
         g = self.g
-        pools = [g.node_by_name[n] for n in self.non_core if g.node_by_name[n].op in POOL_OPS]
+        pools = [g.node_by_name[n] for n in self.non_core if self.k.registry[g.node_by_name[n].op].pooling]
         if len(pools) != 1 or len(g.types[y].shape) != 4:
             return None
         pool = pools[0]

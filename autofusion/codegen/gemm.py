@@ -161,7 +161,7 @@ class _Gemm:
     def _operand(self, tensor: str) -> StridedView:
         if self.g.types[tensor].dtype != DType.FLOAT32:
             raise self.k.error(f"MatMul operands must be float32, {tensor!r} is {self.g.types[tensor].dtype}")
-        view = strided_view(self.g, self.non_core, tensor, self._pointer)
+        view = strided_view(self.g, self.non_core, tensor, self._pointer, self.k.registry)
         return view if view is not None else self._scratch_copy(tensor)
 
     @staticmethod

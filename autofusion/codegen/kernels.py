@@ -15,7 +15,6 @@ from autofusion.ops.registry import OpRegistry, default_registry
 
 TEMPLATES = frozenset({"view", "pointwise", "reduction", "multi_output", "opaque", "gemm_epilogue",
                        "conv_epilogue", "horizontal_gemm", "lstm_scan"})
-GEMM_OPS = frozenset({"MatMul", "Gemm"})
 LOOP_TEMPLATES = frozenset({"pointwise", "reduction", "multi_output"})
 
 
@@ -56,7 +55,7 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
 
 def _render_body(k: KernelContext, nodes: list[Node]) -> str:
     group = k.group
-    cores = [n for n in nodes if n.op in GEMM_OPS]
+    cores = [n for n in nodes if k.registry[n.op].core == "gemm"]
     convs = [n for n in nodes if n.op == "Conv"]
     lstms = [n for n in nodes if n.op == "LSTM"]
     template = group.template

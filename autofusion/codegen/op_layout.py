@@ -19,6 +19,7 @@ from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Handler, Inliner
 from autofusion.ir.graph import Node
 from autofusion.ops.common import ref_input_or_attr
+from autofusion.ops.registry import default_registry
 
 _TABLE_LIMIT = 4096  # larger build-time tables travel as derived constants, not C arrays
 
@@ -255,7 +256,8 @@ def _static_value(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) 
 
 def handlers() -> Mapping[str, Handler]:
     """Handlers of every reorganising op, by op name."""
-    table: dict[str, Handler] = {op: _view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")}
+    registry = default_registry()
+    table: dict[str, Handler] = {op: _view for op in registry.names if registry[op].view}
     table.update({
         "Transpose": _transpose, "Expand": _expand, "Tile": _tile, "Slice": _slice, "Split": _split,
         "Concat": _concat, "Pad": _pad, "Gather": _gather, "GatherElements": _gather_elements,

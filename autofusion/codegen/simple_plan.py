@@ -23,9 +23,7 @@ from autofusion.decide.plan import ZERO_COST, Plan, RuleRef
 from autofusion.ir.graph import Graph
 from autofusion.ops.registry import OpClass, OpRegistry, default_registry
 
-CORES = frozenset({"MatMul", "Gemm", "Conv"})
 _ELEMENTWISE = (OpClass.POINTWISE, OpClass.BROADCAST, OpClass.REORGANIZE)
-_LAYOUT = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 
 
 class _Groups:
@@ -80,9 +78,10 @@ class _Groups:
 def _kinds(graph: Graph, names: set[str], registry: OpRegistry) -> tuple[int, int, bool]:
     """(cores, reductions, only elementwise/layout) of a set of nodes."""
     ops = [graph.node_by_name[n].op for n in names]
-    cores = sum(op in CORES for op in ops)
+    cores = sum(bool(registry[op].core) for op in ops)
     reductions = sum(op in REDUCTION_OPS for op in ops)
-    plain = all(op not in CORES and op not in REDUCTION_OPS and registry[op].op_class in _ELEMENTWISE for op in ops)
+    plain = all(not registry[op].core and op not in REDUCTION_OPS and registry[op].op_class in _ELEMENTWISE
+                for op in ops)
     return cores, reductions, plain
 
 
@@ -110,7 +109,7 @@ def greedy_plan(graph: Graph, registry: OpRegistry | None = None, horizontal: bo
                 continue
             ca, ra, pa = _kinds(graph, a, registry)
             cb, rb, pb = _kinds(graph, b, registry)
-            if ca + cb > 1 and not (horizontal and ca and cb and _all_cores_share(graph, a | b)):
+            if ca + cb > 1 and not (horizontal and ca and cb and _all_cores_share(graph, a | b, registry)):
                 continue
             if (ca or cb) and (ra or rb):
                 continue
@@ -119,7 +118,8 @@ def greedy_plan(graph: Graph, registry: OpRegistry | None = None, horizontal: bo
             consumer_op = node.op
             producer_ops = {graph.node_by_name[n].op for n in a}
             if cb and not ca:  # into a core group: only layout prologues (views, transposes) of its operands
-                if not producer_ops <= _LAYOUT or consumer_op not in CORES:
+                layout = all(registry[op].view or op == "Transpose" for op in producer_ops)
+                if not layout or not registry[consumer_op].core:
                     continue
             elif ca and not cb:  # out of a core group: elementwise epilogue
                 if not pb:
@@ -130,7 +130,7 @@ def greedy_plan(graph: Graph, registry: OpRegistry | None = None, horizontal: bo
                 continue
             if any(graph.node_by_name[n].op in ("LSTM",) or (
                     registry[graph.node_by_name[n].op].op_class is OpClass.OPAQUE
-                    and graph.node_by_name[n].op not in CORES) for n in a | b):
+                    and not registry[graph.node_by_name[n].op].core) for n in a | b):
                 continue
             if uf.can_merge(prod.name, node.name):
                 uf.merge(prod.name, node.name)
@@ -139,13 +139,13 @@ def greedy_plan(graph: Graph, registry: OpRegistry | None = None, horizontal: bo
     def template(nodes: Sequence[str]) -> str:
         ops = [graph.node_by_name[n].op for n in nodes]
         defs = [registry[op] for op in ops]
-        cores = [op for op in ops if op in CORES]
+        cores = [d.core for d in defs if d.core]
         if all(d.view for d in defs):
             return "view"
         if len(cores) > 1:
             return "horizontal_gemm"
         if cores:
-            return "conv_epilogue" if cores[0] == "Conv" else "gemm_epilogue"
+            return f"{cores[0]}_epilogue"
         if len(nodes) == 1 and defs[0].op_class is OpClass.OPAQUE:
             return "opaque"
         if any(op in REDUCTION_OPS for op in ops):
@@ -159,6 +159,6 @@ def greedy_plan(graph: Graph, registry: OpRegistry | None = None, horizontal: bo
     return Plan(graph, groups, ZERO_COST, ZERO_COST, strategy="greedy")
 
 
-def _all_cores_share(graph: Graph, names: set[str]) -> bool:
-    cores = [graph.node_by_name[n] for n in names if graph.node_by_name[n].op in CORES]
+def _all_cores_share(graph: Graph, names: set[str], registry: OpRegistry) -> bool:
+    cores = [graph.node_by_name[n] for n in names if registry[graph.node_by_name[n].op].core]
     return all(c.op == "MatMul" for c in cores) and len({c.inputs[0] for c in cores}) == 1

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from autofusion.codegen import index as ix
 from autofusion.ir.graph import Graph
-
-_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+from autofusion.ops.registry import OpRegistry
 
 
 @dataclass(frozen=True)
@@ -40,21 +39,22 @@ def contiguous_view(ptr: str, shape: tuple[int, ...]) -> StridedView:
     return StridedView(ptr, shape, ix.strides(shape), 0)
 
 
-def strided_view(graph: Graph, members: frozenset[str], tensor: str,
-                 pointer: Callable[[str], str]) -> StridedView | None:
+def strided_view(graph: Graph, members: frozenset[str], tensor: str, pointer: Callable[[str], str],
+                 registry: OpRegistry) -> StridedView | None:
     """The strided view of ``tensor`` over a buffer read from memory, or None."""
     node = graph.producers.get(tensor)
     shape = graph.types[tensor].shape
     if node is None or node.name not in members:
         return contiguous_view(pointer(tensor), shape)
-    if node.op not in _RESHAPES and node.op not in ("Transpose", "Slice", "Expand", "Dropout"):
+    reshape = registry[node.op].view  # the same elements, in order, under a new shape
+    if not reshape and node.op not in ("Transpose", "Slice", "Expand", "Dropout"):
         return None
     if node.op == "Dropout" and node.outputs.index(tensor) != 0:
         return None
-    src = strided_view(graph, members, node.inputs[0], pointer)
+    src = strided_view(graph, members, node.inputs[0], pointer, registry)
     if src is None:
         return None
-    if node.op in _RESHAPES or node.op == "Dropout":
+    if reshape or node.op == "Dropout":
         if not src.contiguous:
             return None
         return StridedView(src.ptr, shape, ix.strides(shape), src.offset)

@@ -11,9 +11,6 @@ from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.decide.space import FusionSpace, Permission
 from autofusion.ops.registry import OpClass, OpRegistry, default_registry
 
-GEMM_OPS = frozenset({"MatMul", "Gemm"})
-CONV_OPS = frozenset({"Conv"})
-POOL_OPS = frozenset({"MaxPool", "AveragePool"})  # a convolution's epilogue may end in one
 DEFAULT_SIZE_CAP = 48
 
 
@@ -91,27 +88,27 @@ class GroupChecker:
             return Verdict(True, "reduction" if reductions else "pointwise")
         if reductions:
             return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="an opaque core and a reduction")
-        ops = {g.node_by_name[n].op for n in opaque}
-        pools = [n for n in opaque if g.node_by_name[n].op in POOL_OPS]
-        if len(opaque) == 2 and len(pools) == 1 and ops - POOL_OPS <= CONV_OPS:
+        pools = [n for n in opaque if self._defs[n].pooling]
+        if len(opaque) == 2 and len(pools) == 1 and any(self._defs[n].core == "conv" for n in opaque):
             conv = next(n for n in opaque if n not in pools)
             if not self._feeds_each_other([conv, pools[0]], nodes):  # (a pool before the conv: a prologue, below)
                 return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="a pooling op apart from the convolution")
-            opaque, ops = [conv], ops - POOL_OPS  # the pooling op is the end of the convolution's epilogue
+            opaque = [conv]  # the pooling op is the end of the convolution's epilogue
+        cores = {self._defs[n].core for n in opaque}
         if len(opaque) > 1:
             first_inputs = {g.node_by_name[n].inputs[0] for n in opaque}
-            if ops <= GEMM_OPS and len(first_inputs) == 1 and not self._feeds_each_other(opaque, nodes):
+            if cores == {"gemm"} and len(first_inputs) == 1 and not self._feeds_each_other(opaque, nodes):
                 return Verdict(True, "horizontal_gemm")
             return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="several opaque cores")
         core = opaque[0]
-        if not (ops <= GEMM_OPS or ops <= CONV_OPS):
-            return Verdict(False, reason=UnfusedReason.TEMPLATE, detail=f"{next(iter(ops))} takes no epilogue")
+        if not self._defs[core].core:
+            return Verdict(False, reason=UnfusedReason.TEMPLATE, detail=f"{g.node_by_name[core].op} takes no epilogue")
         # the core reads its inputs from memory: nothing in the group may feed it (views aside)
         for i in g.node_by_name[core].inputs:
             p = g.producers.get(i)
             if p is not None and p.name in nodes and not self.is_view(p.name):
                 return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="prologue into an opaque core")
-        return Verdict(True, "gemm_epilogue" if ops <= GEMM_OPS else "conv_epilogue")
+        return Verdict(True, f"{self._defs[core].core}_epilogue")
 
     def _feeds_each_other(self, opaque: Sequence[str], nodes: frozenset[str]) -> bool:
         g = self.graph

@@ -50,8 +50,6 @@ class CompiledPattern:
     literals: list[tuple[Literal, str]]
 
 
-# binary ops whose two inputs may be swapped: patterns match either order
-COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"})
 MAX_SWAPPABLE = 3  # a pattern with more commutative ops matches as written (2**k rules would be slow)
 
 
@@ -63,6 +61,11 @@ class PatternCompiler:
         self.rules = rules
         self.registry = registry
         self._n = 0
+
+    def _commutative(self, op: str) -> bool:
+        """Whether the op's two inputs may be swapped (OpDef.commutative): patterns match either order."""
+        d = self.registry.get(op)
+        return d is not None and d.commutative
 
     def _var(self, prefix: str) -> str:
         self._n += 1
@@ -85,7 +88,7 @@ class PatternCompiler:
             if v not in seen:
                 columns.append((v, "Expr"))
                 seen.add(v)
-        swappable: list[Term] = [s.term for s in ops if s.term.op in COMMUTATIVE and len(s.term.args) == 2]
+        swappable: list[Term] = [s.term for s in ops if self._commutative(s.term.op) and len(s.term.args) == 2]
         slots: dict[Term, OpSlot] = {s.term: s for s in ops}
         head = f"({relation} {' '.join(v for v, _ in columns)})"
         lines = [f"(relation {relation} ({' '.join(sort for _, sort in columns)}))"]

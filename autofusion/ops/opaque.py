@@ -141,10 +141,10 @@ def ops() -> list[OpDef]:
     o = OpClass.OPAQUE
     return [
         OpDef("MatMul", o, ("A", "B"), _matmul_infer, _matmul_ref, flops=_matmul_flops,
-              doc="Matrix product with numpy broadcasting of batch axes."),
+              doc="Matrix product with numpy broadcasting of batch axes.", core="gemm"),
         OpDef("Gemm", o, ("A", "B", "C?"), _gemm_infer, _gemm_ref, flops=_gemm_flops,
               attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0},
-              doc="alpha * A' @ B' + beta * C, with optional transposes."),
+              doc="alpha * A' @ B' + beta * C, with optional transposes.", core="gemm"),
         OpDef("Einsum", o, ("Inputs*",), _einsum_infer, _einsum_ref, flops=_einsum_flops,
               attrs={"equation": None}, doc="Einstein summation over the equation's labels."),
         *spatial.ops(),

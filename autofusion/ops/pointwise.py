@@ -61,6 +61,7 @@ def binary(
     result_dtype: DType | None = None,
     doc: str = "",
     same_types: bool = True,
+    commutative: bool = False,
 ) -> OpDef:
     """A broadcasting elementwise op of two inputs (of one element type unless ``same_types`` is off)."""
 
@@ -73,6 +74,7 @@ def binary(
     return OpDef(
         name, OpClass.POINTWISE, ("A", "B"), _broadcast_infer(result_dtype, same_types), reference,
         flops_per_element=flops, doc=doc or f"Elementwise {name}(A, B) with numpy broadcasting.",
+        commutative=commutative,
     )
 
 
@@ -92,7 +94,7 @@ def variadic(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc:
         return max(1, len(ctx.input_types) - 1) * outs[0].numel
 
     return OpDef(name, OpClass.POINTWISE, ("data_0*",), _broadcast_infer(), reference, flops=flops,
-                 doc=doc or f"Elementwise {name} of any number of broadcast inputs.")
+                 doc=doc or f"Elementwise {name} of any number of broadcast inputs.", commutative=True)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -220,8 +222,8 @@ def _shrink(x: np.ndarray, bias: float, lambd: float) -> np.ndarray:
     return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
 
 
-def _logical(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], name: str) -> OpDef:
-    return binary(name, fn, result_dtype=DType.BOOL)
+def _logical(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], name: str, commutative: bool = False) -> OpDef:
+    return binary(name, fn, result_dtype=DType.BOOL, commutative=commutative)
 
 
 def _mod_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
@@ -257,9 +259,9 @@ def _not_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
 def ops() -> list[OpDef]:
     f = np.float32
     return [
-        binary("Add", np.add),
+        binary("Add", np.add, commutative=True),
         binary("Sub", np.subtract),
-        binary("Mul", np.multiply),
+        binary("Mul", np.multiply, commutative=True),
         binary("Div", _int_div),
         binary("Pow", _pow, flops=8, same_types=False),  # the exponent may have another type
         OpDef("Mod", OpClass.POINTWISE, ("A", "B"), _broadcast_infer(), _mod_ref, attrs={"fmod": 0},
@@ -268,14 +270,14 @@ def ops() -> list[OpDef]:
         variadic("Max", np.maximum),
         variadic("Min", np.minimum),
         variadic("Mean", np.add),
-        _logical(np.equal, "Equal"),
+        _logical(np.equal, "Equal", commutative=True),
         _logical(np.less, "Less"),
         _logical(np.less_equal, "LessOrEqual"),
         _logical(np.greater, "Greater"),
         _logical(np.greater_equal, "GreaterOrEqual"),
-        _logical(np.logical_and, "And"),
-        _logical(np.logical_or, "Or"),
-        _logical(np.logical_xor, "Xor"),
+        _logical(np.logical_and, "And", commutative=True),
+        _logical(np.logical_or, "Or", commutative=True),
+        _logical(np.logical_xor, "Xor", commutative=True),
         OpDef("Not", OpClass.POINTWISE, ("X",), _same_as_input, _not_ref, doc="Elementwise logical not."),
         unary("Relu", lambda x: np.maximum(x, 0)),
         unary("Neg", np.negative),

@@ -100,6 +100,9 @@ class OpDef:
     flops: CostFn | None = None
     bytes_moved: CostFn = _default_bytes
     view: bool = False  # pure metadata change: costs no kernel and moves no bytes
+    commutative: bool = False  # its two inputs may be swapped: rule patterns match either order
+    core: str = ""  # "gemm" or "conv": a matrix-product core that a kernel's epilogue may follow
+    pooling: bool = False  # a pooling window, which may end a convolution's epilogue
     const_inputs: tuple[int, ...] = ()  # inputs shape inference must know the value of
     doc: str = ""
 

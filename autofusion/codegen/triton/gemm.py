@@ -9,8 +9,6 @@ from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.tindex import Index
 
-GEMM_OPS = frozenset({"MatMul", "Gemm"})
-
 
 def _tile(n: int, cap: int) -> int:
     return min(cap, max(16, 1 << max(0, (n - 1).bit_length())))  # tl.dot needs 16 or more
@@ -18,7 +16,7 @@ def _tile(n: int, cap: int) -> int:
 
 def render_gemm(ex: Exprs, names: NameTable) -> dict[str, object]:
     g = ex.graph
-    cores = [g.node_by_name[n] for n in ex.group.nodes if g.node_by_name[n].op in GEMM_OPS]
+    cores = [g.node_by_name[n] for n in ex.group.nodes if ex.registry[g.node_by_name[n].op].core == "gemm"]
     if len(cores) != 1:
         raise ex.error(f"template 'gemm_epilogue' needs exactly one MatMul or Gemm node, found {len(cores)}")
     core = cores[0]
