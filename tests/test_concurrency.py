@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +147,26 @@ def test_workspace_pool_gives_calls_at_once_their_own_workspace() -> None:
     with pool.lease() as again:  # released workspaces are reused, not reallocated
         assert again.ctypes.data in (first.ctypes.data, second.ctypes.data)
     assert pool.allocated == 2
+
+
+def test_a_bounded_pool_makes_calls_beyond_it_wait(problems_from_threads) -> None:
+    graph, feeds = _feeds(8)
+    model = CompiledModel(optimize(graph), max_concurrent=2)
+    assert problems_from_threads(model.run, feeds, threads=8, calls=50) == []
+    assert model.workspaces.allocated <= 2
+    pool = WorkspacePool(100, limit=1)
+    order: list[str] = []
+
+    def second() -> None:
+        with pool.lease():
+            order.append("second")
+
+    with pool.lease():
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        waiter.join(0.2)  # it cannot lease while the only workspace is out
+        order.append("first done")
+    waiter.join()
+    assert order == ["first done", "second"] and pool.allocated == 1
+    with pytest.raises(ValueError, match="at least 1"):
+        WorkspacePool(100, limit=0)

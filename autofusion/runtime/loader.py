@@ -52,28 +52,39 @@ class WorkspacePool:
     """Workspaces of ``nbytes`` for concurrent runs of one library: a call leases a free one, or a
     new one when every workspace is in use, so threads never share one and never wait for one.
 
-    The pool holds as many workspaces as there were calls running at once at its peak.
+    The pool holds as many workspaces as there were calls running at once at its peak; with
+    ``limit``, at most that many, and a call beyond them waits for one to be returned.
     """
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, limit: int | None = None) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"a workspace pool needs a limit of at least 1, got {limit}")
         self.nbytes = max(64, nbytes)
+        self.limit = limit
         self._free = [aligned_empty(self.nbytes)]
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(limit) if limit is not None else None
         self.allocated = 1
 
     @contextmanager
     def lease(self) -> Iterator[np.ndarray]:
-        with self._lock:
-            workspace = self._free.pop() if self._free else None
-            if workspace is None:
-                self.allocated += 1
-        if workspace is None:
-            workspace = aligned_empty(self.nbytes)  # allocated outside the lock: others need not wait
+        if self._slots is not None:
+            self._slots.acquire()
         try:
-            yield workspace
-        finally:
             with self._lock:
-                self._free.append(workspace)
+                workspace = self._free.pop() if self._free else None
+                if workspace is None:
+                    self.allocated += 1
+            if workspace is None:
+                workspace = aligned_empty(self.nbytes)  # allocated outside the lock: others need not wait
+            try:
+                yield workspace
+            finally:
+                with self._lock:
+                    self._free.append(workspace)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
 
 
 def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

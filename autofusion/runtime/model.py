@@ -37,7 +37,8 @@ class CompiledModel:
     Weights are handed to the library once, at load; each run passes only the input, output and
     workspace pointers. ``run`` is safe from any number of threads at once: each call leases a
     workspace of its own from a pool (``workspaces``), so calls neither share buffers nor wait for
-    each other; the pool grows to the most calls that ran at once.
+    each other; the pool grows to the most calls that ran at once, or to ``max_concurrent``
+    workspaces, beyond which calls wait their turn (a server bounds its memory so).
 
     Matrix products run the core the tuner measured fastest on this machine for their shape
     (runtime/tuning.py, cached per machine); ``tune=False`` (or ``$AUTOFUSION_TUNE=0``) takes the
@@ -47,7 +48,7 @@ class CompiledModel:
     def __init__(self, plan: Plan, threads: int | None = None, cache: CompileCache | str | Path | None = None,
                  toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
                  profile: bool = False, tune: bool | None = None, cores: CoreChooser | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, max_concurrent: int | None = None) -> None:
         self.plan = plan
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
@@ -72,7 +73,7 @@ class CompiledModel:
         self._ctx = ctx
         self._finalizer = weakref.finalize(self, lib.af_destroy, ctx)
         assert self.source.buffers is not None
-        self.workspaces = WorkspacePool(self.source.buffers.workspace_bytes)
+        self.workspaces = WorkspacePool(self.source.buffers.workspace_bytes, max_concurrent)
         graph = plan.graph
         self._out_specs = [(o, graph.types[o].shape, graph.types[o].dtype.numpy) for o in graph.outputs]
 
