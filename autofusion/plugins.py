@@ -47,7 +47,7 @@ class PluginError(ValueError):
 
 
 @runtime_checkable
-class CompiledModel(Protocol):
+class RunnableModel(Protocol):
     """What a backend's ``compile`` returns: runs the plan on named input arrays."""
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
@@ -59,7 +59,7 @@ class Backend(Protocol):
 
     name: str
 
-    def compile(self, plan: Plan) -> CompiledModel: ...
+    def compile(self, plan: Plan) -> RunnableModel: ...
 
 
 @dataclass(frozen=True)

@@ -333,7 +333,7 @@ def test_limit_threads_sets_every_pool() -> None:
 def test_torch_conversion_matches_the_reference(model: str) -> None:
     import torch
 
-    from autofusion.bench.torch_fx import numpy_outputs, to_torch_module, torch_feeds
+    from autofusion.bench.to_torch import numpy_outputs, to_torch_module, torch_feeds
     from autofusion.runtime import compare_outputs
 
     g = models.build(model)
@@ -346,7 +346,7 @@ def test_torch_conversion_matches_the_reference(model: str) -> None:
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_torch_conversion_names_the_op_it_lacks() -> None:
-    from autofusion.bench.torch_fx import UnsupportedOpError, to_torch_module
+    from autofusion.bench.to_torch import UnsupportedOpError, to_torch_module
     from autofusion.ir import GraphBuilder
 
     b = GraphBuilder("g")

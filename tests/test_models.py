@@ -253,7 +253,7 @@ def test_graph_stats_counts_parameters_constants_and_activations() -> None:
 def test_exported_gelu_forms_equal_gelu() -> None:
     """The Div/Erf and Pow/Tanh node chains compute GELU and its tanh approximation over a wide range."""
     from autofusion.models.bert import gelu_erf
-    from autofusion.models.export import ExportBuilder
+    from autofusion.models.export_builder import ExportBuilder
     from autofusion.models.gpt2 import gelu_tanh
     from autofusion.ops import default_registry
 

@@ -2,8 +2,8 @@
 
 from autofusion.codegen.buffers import BufferPlan, Placement, plan_buffers
 from autofusion.codegen.errors import CodegenError
-from autofusion.codegen.kernel import KernelSource, Param
-from autofusion.codegen.kernels import TEMPLATES, render_group
+from autofusion.codegen.group_renderer import TEMPLATES, render_group
+from autofusion.codegen.kernel_context import KernelSource, Param
 from autofusion.codegen.names import NameTable, c_comment, c_ident
 from autofusion.codegen.superkernel import LibrarySource, render_plan, render_unfused
 from autofusion.codegen.templates import TemplateSet

@@ -31,7 +31,7 @@ from autofusion.codegen.cores import CoreSpec
 from autofusion.codegen.gemm import PACK_NR, PACKED_MIN_COLUMNS, pack_weights
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
-from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import strided_view

@@ -26,7 +26,7 @@ from autofusion.codegen.cores import CoreSpec
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
-from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from autofusion.codegen import index as ix
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Handler, Inliner, Misaligned, Override
-from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.reductions import (
     REDUCTION_OPS,

@@ -9,7 +9,7 @@ activation functions with their alpha/beta.
 from __future__ import annotations
 
 from autofusion.codegen.ctype import literal
-from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.names import c_comment_text
 from autofusion.ir.graph import Node
 from autofusion.ir.types import DType

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autofusion.codegen.gemm import PACK_NR, pack_weights
-from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.names import c_comment_text
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import DType

@@ -14,7 +14,7 @@ from __future__ import annotations
 from autofusion.codegen.conv import render_conv_core
 from autofusion.codegen.gemm import _Gemm
 from autofusion.codegen.inliner import Override
-from autofusion.codegen.kernel import KernelContext
+from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.reductions import REDUCTION_OPS

@@ -23,8 +23,8 @@ import numpy as np
 
 from autofusion.codegen.buffers import BufferPlan, plan_buffers
 from autofusion.codegen.cores import CoreChooser
-from autofusion.codegen.kernel import KernelSource, group_comment
-from autofusion.codegen.kernels import render_group
+from autofusion.codegen.group_renderer import render_group
+from autofusion.codegen.kernel_context import KernelSource, group_comment
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.templates import TemplateSet, default_templates
 from autofusion.decide.plan import Plan

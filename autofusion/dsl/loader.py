@@ -153,7 +153,7 @@ def _finish(loader: _Loader, sink: Sink, verify: bool, registry: OpRegistry | No
     files = [loader.names[k] for k in loader.order]
     program = compile_program(statements, files, registry, sink)
     if verify:
-        from autofusion.dsl.verify import verify_program
+        from autofusion.dsl.numeric_check import verify_program
 
         verify_program(program, registry, sink)
     return Analysis(program, sink.sorted())

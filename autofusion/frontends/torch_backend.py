@@ -1,7 +1,7 @@
 """A TorchDynamo backend: ``torch.compile(model, backend="autofusion")``.
 
 The FX graph Dynamo captures is split into maximal runs of supported nodes
-(:func:`autofusion.frontends.torch_fx.is_convertible`); each run is converted to the IR, fused with
+(:func:`autofusion.frontends.fx_import.is_convertible`); each run is converted to the IR, fused with
 :func:`autofusion.api.optimize` and compiled by the C backend (:class:`autofusion.runtime.CompiledModel`).
 Everything else, and any run whose conversion or compilation fails, stays in eager PyTorch.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.frontends.torch_fx import FxConversionError, example_value, fx_to_graph, is_convertible
+from autofusion.frontends.fx_import import FxConversionError, example_value, fx_to_graph, is_convertible
 
 
 class AutofusionFallbackWarning(UserWarning):

@@ -18,7 +18,7 @@ import numpy as np
 
 from autofusion.ir import Graph
 from autofusion.models.catalog import BUILTIN_MODELS, ModelSizeError, ModelSpec, UnknownModelError
-from autofusion.models.export import WeightError
+from autofusion.models.export_builder import WeightError
 from autofusion.models.inputs import random_inputs
 from autofusion.models.stats import GraphStats, graph_stats, op_histogram, parameter_count
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autofusion.ir import DType, Graph
-from autofusion.models.export import ExportBuilder
+from autofusion.models.export_builder import ExportBuilder
 from autofusion.models.weights import WeightInit, ones, zeros
 
 BOOL = 9  # ONNX element type codes used by Cast

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.ir import DType, Graph
-from autofusion.models.export import ExportBuilder
+from autofusion.models.export_builder import ExportBuilder
 from autofusion.models.weights import WeightInit
 
 BN_EPS = 1e-5

@@ -1,12 +1,12 @@
 """Runtime: compile generated C (cached), load it with ctypes, run fused and unfused plans."""
 
 from autofusion.runtime.cache import CompileCache, default_cache_dir
+from autofusion.runtime.compare import CompareReport, compare_outputs, verify_plan
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import RunError, default_threads
 from autofusion.runtime.model import CompiledModel
 from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
 from autofusion.runtime.unfused import UnfusedRunner
-from autofusion.runtime.verify import CompareReport, compare_outputs, verify_plan
 
 __all__ = [
     "CompareReport",

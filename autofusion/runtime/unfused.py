@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.codegen.kernel import KernelSource
+from autofusion.codegen.kernel_context import KernelSource
 from autofusion.codegen.superkernel import render_unfused
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide import unfused_plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autofusion.codegen.cores import CoreChooser
 from autofusion.codegen.errors import CodegenError
-from autofusion.codegen.kernel import KernelContext, KernelSource, group_comment, group_error
+from autofusion.codegen.kernel_context import KernelContext, KernelSource, group_comment, group_error
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_ident
 from autofusion.codegen.reductions import REDUCTION_OPS
