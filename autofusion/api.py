@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autofusion.decide.cost import CostModel, default_cost_model
+from autofusion.decide.cost import CostModel
+from autofusion.decide.default_model import default_cost_model
 from autofusion.decide.optimize import decide, graph_kernels
 from autofusion.decide.plan import Plan
 from autofusion.decide.strategies import Strategy

@@ -449,7 +449,7 @@ def test_optimize_bench_counts_kernels_against_onnxruntime(tmp_path: Path) -> No
 
 
 def test_a_crashing_worker_is_a_failed_runner(tmp_path: Path) -> None:
-    from autofusion.bench.worker import measure_in_worker
+    from autofusion.bench.harness import measure_in_worker
 
     job = tmp_path / "job.pkl"
     job.write_bytes(b"not a pickle")

@@ -19,9 +19,8 @@ from autofusion.decide.cost import (
     GroupTerms,
     HardwareProfile,
     analytic_seconds,
-    calibration_file,
-    default_cost_model,
 )
+from autofusion.decide.default_model import calibration_file, default_cost_model
 from autofusion.decide.learned import (
     FEATURES,
     Calibration,

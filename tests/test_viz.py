@@ -14,8 +14,8 @@ import pytest
 
 from autofusion import models
 from autofusion.api import optimize
-from autofusion.cli.cmd_explain import explain_report
 from autofusion.cli.main import main
+from autofusion.decide.explain import explain_report
 from autofusion.decide.summary import plan_summary
 from autofusion.ir import GraphBuilder
 from autofusion.viz import Picture, cluster_count, graph_dot, html_report, plan_dot, write_viz

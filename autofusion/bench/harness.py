@@ -11,7 +11,11 @@ several times over on a 2-core machine.
 from __future__ import annotations
 
 import math
+import os
+import pickle
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -189,15 +193,11 @@ def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup:
     with tempfile.TemporaryDirectory(prefix="autofusion-bench-") as tmp:
         job = Path(tmp) / "job.pkl"
         if isolate:
-            from autofusion.bench.worker import write_job
-
             write_job(job, setup, reference, repeat, warmup, rtol, atol)
         for round_ in range(rounds):
             for name in (names if round_ % 2 == 0 else list(reversed(names))):
                 time.sleep(pause)  # the previous runner's thread pools stop spinning before this one starts
                 if isolate:
-                    from autofusion.bench.worker import measure_in_worker
-
                     progress.step(f"{name} (in its own process)")
                     by_name[name].append(measure_in_worker(job, name, per_kernel=round_ == 0))
                 else:  # kernel-by-kernel times come from the first round (pooled_rounds keeps its)
@@ -211,6 +211,33 @@ def run_bench(setup: BenchSetup, names: Sequence[str], repeat: int = 10, warmup:
                        {m.name: m.failed for m in measured if m.failed is not None}, repeat, warmup, setup.threads,
                        rtol, atol, tuple(limits), load_before, load_average(), time.perf_counter() - started,
                        rounds)
+
+
+STDERR_LINES = 8  # of a crashed worker's output kept in its failure
+
+
+def write_job(path: Path, setup: BenchSetup, reference: Outputs, repeat: int, warmup: int, rtol: float,
+              atol: float) -> None:
+    job = {"graph": setup.graph, "plan": setup.plan, "feeds": setup.feeds, "threads": setup.threads,
+           "reference": dict(reference), "repeat": repeat, "warmup": warmup, "rtol": rtol, "atol": atol}
+    with open(path, "wb") as f:
+        pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def measure_in_worker(job: Path, name: str, per_kernel: bool = True) -> Measured:
+    """Run the worker for runner ``name`` on the job file; a crashed worker is a failed runner."""
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    out = job.with_name(f"{name}.result.pkl")
+    r = subprocess.run([sys.executable, "-m", "autofusion.bench.worker", str(job), name, str(out),
+                        *([] if per_kernel else ["--no-per-kernel"])],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0 or not out.exists():
+        tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-STDERR_LINES:])
+        return Measured(name, failed=f"worker process exited with status {r.returncode}: {tail}")
+    with open(out, "rb") as f:
+        measured: Measured = pickle.load(f)
+    return measured
 
 
 def pooled_rounds(rounds: Sequence[Measured]) -> Measured:

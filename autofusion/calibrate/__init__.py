@@ -1,7 +1,7 @@
 """Calibration: time generated kernels with the C backend and fit the cost models to them.
 
 ``autofusion calibrate`` runs :func:`calibrate` and saves the :class:`~autofusion.decide.learned.Calibration`
-it returns where the engine finds it (see :func:`autofusion.decide.cost.calibration_file`).
+it returns where the engine finds it (see :func:`autofusion.decide.default_model.calibration_file`).
 """
 
 from autofusion.calibrate.fit import Accuracy, accuracy, fit_profile, pair_agreement

@@ -76,7 +76,8 @@ def _non_negative_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autofusion.decide.cost import HardwareProfile, calibration_file, user_calibration_path
+    from autofusion.decide.cost import HardwareProfile
+    from autofusion.decide.default_model import calibration_file, user_calibration_path
     from autofusion.decide.learned import Calibration, load_calibration
 
     out = Output()

@@ -7,10 +7,15 @@ check --explain F003`` prints an entry; ``docs/diagnostics.md`` is generated fro
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autofusion.dsl.diagnostics import Severity
+
+class Severity(enum.StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+
 
 E, W = Severity.ERROR, Severity.WARNING
 

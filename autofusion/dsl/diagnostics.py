@@ -6,17 +6,14 @@ exit status counts the errors. What each code means is in :mod:`autofusion.dsl.c
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofusion.dsl.codes import CODES, Severity
 from autofusion.dsl.span import Span
 
-
-class Severity(enum.StrEnum):
-    ERROR = "error"
-    WARNING = "warning"
+__all__ = ["Diagnostic", "RuleError", "Severity", "Sink", "did_you_mean"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +56,6 @@ class Sink:
 
     def add(self, code: str, message: str, span: Span, notes: Iterable[str] = (),
             data: Mapping[str, Any] | None = None) -> None:
-        from autofusion.dsl.codes import CODES
-
         self.items.append(Diagnostic(code, CODES[code].severity, message, span, tuple(notes), dict(data or {})))
 
     def extend(self, diags: Iterable[Diagnostic]) -> None:

@@ -45,7 +45,7 @@ def write_viz(plan: Plan, source: Graph, out_dir: str | os.PathLike[str], label:
     ``source`` is the graph before rewrites; ``label`` names the model in the report. ``dot_binary``
     overrides the ``dot`` found on PATH; ``registry`` is the op registry the plan was made with.
     """
-    from autofusion.cli.cmd_explain import explain_report
+    from autofusion.decide.explain import explain_report
     from autofusion.decide.summary import plan_summary
 
     out = Path(out_dir)

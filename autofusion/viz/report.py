@@ -238,7 +238,7 @@ def _nav(with_pictures: bool) -> str:
 def html_report(plan: Plan, summary: Mapping[str, Any], explain: Mapping[str, Any],
                 pictures: Sequence[Picture] = (), source: str = "") -> str:
     """The whole report page. ``summary`` is :func:`autofusion.decide.summary.plan_summary`,
-    ``explain`` is :func:`autofusion.cli.cmd_explain.explain_report` of the same plan."""
+    ``explain`` is :func:`autofusion.decide.explain.explain_report` of the same plan."""
     files = sorted({r.file for g in plan.groups for r in g.rules if r.file})
     meta = [f"model <b>{esc(source or summary['graph'])}</b>", f"strategy <b>{esc(summary['strategy'])}</b>",
             f"cost model <b>{esc(summary['cost_model'] or 'n/a')}</b>",
