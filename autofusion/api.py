@@ -28,7 +28,8 @@ from autofusion.dsl.ir import RuleSet
 from autofusion.engine import Limits, fusion_space, saturate_rewrites
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ir.verify import verify
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 RulesArg = RuleSet | Sequence[str | Path] | str | Path | None
 

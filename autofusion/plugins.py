@@ -30,7 +30,8 @@ import numpy as np
 
 from autofusion.decide.cost import CostModel
 from autofusion.decide.plan import Plan
-from autofusion.ops.registry import OpDef, OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpDef, OpRegistry
 
 OPS = "autofusion.ops"
 RULES = "autofusion.rules"

@@ -25,7 +25,7 @@ from autofusion.bench.random_graphs import random_graph
 from autofusion.cli.main import main
 from autofusion.decide import unfused_plan
 from autofusion.ir.interpreter import run_graph
-from autofusion.ops.registry import default_registry
+from autofusion.ops.catalog import default_registry
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_ORT = importlib.util.find_spec("onnxruntime") is not None

@@ -22,7 +22,8 @@ from autofusion.editors import vocabulary as vocab
 from autofusion.editors.document_check import check_document, import_lines
 from autofusion.editors.pygments_lexer import FuseLexer
 from autofusion.editors.textmate import build_grammar, render
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "rules").glob("*.fuse"))

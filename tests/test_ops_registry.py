@@ -203,7 +203,7 @@ def test_class_lists() -> None:
 def test_op_facts_live_in_the_registry() -> None:
     """Commutativity, matrix-product cores, pooling and views are fields of OpDef: the engine, the
     legality checker, codegen and the benchmarks all read them there, not lists of their own."""
-    from autofusion.ops.registry import default_registry
+    from autofusion.ops.catalog import default_registry
 
     reg = default_registry()
     assert {n for n in reg.names if reg[n].commutative} == {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or",
@@ -221,7 +221,7 @@ def test_a_commutative_fact_makes_patterns_match_either_order(tmp_path) -> None:
     from autofusion.api import optimize
     from autofusion.dsl import load_rules
     from autofusion.ir import GraphBuilder
-    from autofusion.ops.registry import default_registry
+    from autofusion.ops.catalog import default_registry
 
     b = GraphBuilder("swap")
     x, y = b.input("x", (4,)), b.input("y", (4,))

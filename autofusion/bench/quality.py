@@ -20,7 +20,8 @@ from autofusion.decide.partition import Partition
 from autofusion.decide.strategies import Region, get_strategy
 from autofusion.engine import fusion_space, saturate_rewrites
 from autofusion.ir.graph import Graph
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 STRATEGIES: tuple[str, ...] = ("greedy", "dp", "beam", "exact")
 

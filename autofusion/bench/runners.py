@@ -21,7 +21,8 @@ from autofusion.codegen.buffers import BufferPlan
 from autofusion.decide import unfused_plan
 from autofusion.decide.plan import Plan
 from autofusion.ir.graph import Graph
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 RUNNER_NAMES: tuple[str, ...] = ("reference", "unfused", "fused", "ort_disable", "ort_all", "torch_eager",
                                  "torch_compile")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import DType
-from autofusion.ops.registry import default_registry
+from autofusion.ops.catalog import default_registry
 from autofusion.ops.spatial import window
 
 

@@ -29,7 +29,8 @@ from autofusion.decide.cost import AnalyticCostModel, CostModel, HardwareProfile
 from autofusion.decide.learned import Calibration, LearnedCostModel, fit_learned, group_features
 from autofusion.ir import Graph
 from autofusion.ir.graph import FrozenMap
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 from autofusion.runtime import CompileCache, CompileError, detect_toolchain
 
 TARGET_TAU = 0.8

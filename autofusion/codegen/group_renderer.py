@@ -11,7 +11,8 @@ from autofusion.codegen.reductions import REDUCTION_OPS
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
 from autofusion.ir.graph import Graph, Node
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 TEMPLATES = frozenset({"view", "pointwise", "reduction", "multi_output", "opaque", "gemm_epilogue",
                        "conv_epilogue", "horizontal_gemm", "lstm_scan"})

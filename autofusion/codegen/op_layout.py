@@ -18,8 +18,8 @@ from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Handler, Inliner
 from autofusion.ir.graph import Node
+from autofusion.ops.catalog import default_registry
 from autofusion.ops.common import ref_input_or_attr
-from autofusion.ops.registry import default_registry
 
 _TABLE_LIMIT = 4096  # larger build-time tables travel as derived constants, not C arrays
 

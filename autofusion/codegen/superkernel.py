@@ -29,7 +29,8 @@ from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.templates import TemplateSet, default_templates
 from autofusion.decide.plan import Plan
 from autofusion.ir.types import DType
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 UNIT_CHARS = 20_000  # about this much C per translation unit, so plans compile in parallel
 MAX_UNITS = 8

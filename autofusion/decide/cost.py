@@ -34,7 +34,8 @@ from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ir.infer import node_context
-from autofusion.ops.registry import OpClass, OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpClass, OpRegistry
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 SHIPPED_CALIBRATION = PROFILE_DIR / "calibrated" / "cpu-2core.json"

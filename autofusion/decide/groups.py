@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from autofusion.decide.plan import ZERO_COST, CostBreakdown, FusedGroup, RuleRef
 from autofusion.ir.graph import FrozenMap, Graph
-from autofusion.ops.registry import OpClass, OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpClass, OpRegistry
 
 
 def group_io(graph: Graph, nodes: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

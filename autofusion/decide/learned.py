@@ -38,7 +38,8 @@ from autofusion.decide.cost import (
 from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
 from autofusion.ir.graph import Graph
-from autofusion.ops.registry import OpClass, OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpClass, OpRegistry
 
 FILE_FORMAT = "autofusion-calibration"
 FILE_VERSION = 1

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.decide.space import FusionSpace, Permission
-from autofusion.ops.registry import OpClass, OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpClass, OpRegistry
 
 DEFAULT_SIZE_CAP = 48
 

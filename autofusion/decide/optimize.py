@@ -16,7 +16,8 @@ from autofusion.decide.space import FusionSpace
 from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ir.types import TensorType
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from typing import Any
 
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.ir.graph import Graph
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 
 def intermediate_bytes_unfused(graph: Graph, registry: OpRegistry | None = None) -> int:

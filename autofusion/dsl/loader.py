@@ -18,7 +18,8 @@ from autofusion.dsl.lower import Statement
 from autofusion.dsl.parser import parse_text
 from autofusion.dsl.program import Program, compile_program
 from autofusion.dsl.span import Span
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 from autofusion.resources import data_dir
 
 PathLike = str | Path

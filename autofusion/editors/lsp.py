@@ -32,7 +32,8 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
 from autofusion.dsl import Diagnostic, RuleSet, Severity
 from autofusion.editors.document_check import DocumentCheck, check_document
 from autofusion.editors.lsp_features import completion_items, hover_markdown
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 NAME = "autofusion-lsp"
 VERSION = "0.1.0"

@@ -88,7 +88,7 @@ class FuseLexer(RegexLexer):
     def _op_names(self) -> frozenset[str]:
         registry = self._registry
         if registry is None:
-            from autofusion.ops.registry import default_registry
+            from autofusion.ops.catalog import default_registry
 
             registry = default_registry()
         return frozenset(registry.names)

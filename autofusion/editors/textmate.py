@@ -23,7 +23,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from autofusion.editors import vocabulary as vocab
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 SCOPE = "source.fuse"
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"

@@ -44,7 +44,8 @@ from autofusion.ir.graph import Const, FrozenMap, Graph, Node, freeze_attrs
 from autofusion.ir.infer import infer_node
 from autofusion.ir.types import TensorType
 from autofusion.ir.verify import VerifyError, verify
-from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError
 
 __all__ = ["OnnxImportError", "load_onnx"]
 

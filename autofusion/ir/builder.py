@@ -22,7 +22,8 @@ import numpy as np
 from autofusion.ir.graph import Const, FrozenMap, Graph, Node, freeze_attrs
 from autofusion.ir.infer import infer_node
 from autofusion.ir.types import DType, TensorType
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 
 class GraphBuilder:

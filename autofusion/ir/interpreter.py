@@ -10,7 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from autofusion.ir.graph import Graph
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 
 class InterpreterError(RuntimeError):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from autofusion.ir.graph import Const, FrozenMap, Graph
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 # folding a constant larger than this would bloat the graph (e.g. an Expand to a huge shape)
 MAX_FOLDED_ELEMENTS = 1 << 22

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from autofusion.ir.graph import Graph
 from autofusion.ir.infer import infer_node
-from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError
 
 
 class VerifyError(ValueError):

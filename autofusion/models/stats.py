@@ -6,7 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from autofusion.ir import Graph, TensorType
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 
 @dataclass(frozen=True)

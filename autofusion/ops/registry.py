@@ -7,7 +7,6 @@ registry by building a new one (``registry.extended([...])``), so nothing leaks 
 from __future__ import annotations
 
 import enum
-import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,14 +188,6 @@ class OpRegistry:
         if ctx.node.outputs and len(outs) < n_out:
             raise ShapeError(f"{ctx.node.op}: node declares {n_out} outputs, op produces {len(outs)}")
         return outs
-
-
-@functools.cache
-def default_registry() -> OpRegistry:
-    """The built-in ops (every op of the supported ONNX exports). Cached: registries are immutable."""
-    from autofusion.ops import catalog
-
-    return OpRegistry(catalog.all_ops())
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:

@@ -29,7 +29,8 @@ from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import TritonKernel, render_triton_group
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.ir.interpreter import check_feeds
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 _INTERPRETER_LOCK = threading.Lock()  # the interpreter's patching of triton.language is process-wide
 

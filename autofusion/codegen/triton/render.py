@@ -18,7 +18,8 @@ from autofusion.codegen.triton.templates import TritonTemplates
 from autofusion.codegen.triton.text import py_comment, py_ident
 from autofusion.decide.plan import FusedGroup
 from autofusion.ir.graph import Graph
-from autofusion.ops.registry import OpRegistry, default_registry
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 TRITON_TEMPLATES = frozenset({"pointwise", "reduction", "gemm_epilogue", "multi_output"})
 POINTWISE_BLOCK = 128
