@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from class_planner import greedy_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,6 @@ from autofusion.codegen.buffers import Interval, best_fit
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import reshape
 from autofusion.codegen.names import NameTable
-from autofusion.codegen.simple_plan import greedy_plan
 from autofusion.decide import build_groups, unfused_plan
 from autofusion.decide.plan import ZERO_COST, Plan, RuleRef
 from autofusion.ir import DType, Graph, GraphBuilder, run_graph

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from class_planner import greedy_plan
 
 from autofusion.codegen import TemplateSet, render_plan
-from autofusion.codegen.simple_plan import greedy_plan
 from autofusion.codegen.superkernel import LibrarySource
 from autofusion.decide import unfused_plan
 from autofusion.ir import GraphBuilder, run_graph

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from class_planner import greedy_plan
 
-from autofusion.codegen.simple_plan import greedy_plan
 from autofusion.frontends.onnx_import import load_onnx
 from autofusion.ir import Graph, run_graph
 from autofusion.models import build, random_inputs

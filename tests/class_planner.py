@@ -1,4 +1,4 @@
-"""A rule-free greedy fusion plan, for exercising the code generator on whole models.
+"""A rule-free greedy fusion plan, the tests' helper for exercising the code generator on whole models.
 
 The real decider (``autofusion.decide``) chooses groups from rules and a cost model; this one
 merges greedily along producer -> consumer edges with fixed class rules, never forming a cycle:
