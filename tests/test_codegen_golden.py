@@ -129,17 +129,18 @@ def test_superkernel_snapshot_and_rendering_is_byte_identical() -> None:
 _RENDER = """
 import hashlib, sys
 from autofusion.models import build
-from autofusion.codegen.simple_plan import greedy_plan
+from class_planner import greedy_plan
 from autofusion.codegen import render_plan
 print(hashlib.sha256(render_plan(greedy_plan(build("bert-tiny"), horizontal=True)).text.encode()).hexdigest())
 """
 
 
 def test_same_plan_same_bytes_across_processes() -> None:
-    from autofusion.codegen.simple_plan import greedy_plan
+    from class_planner import greedy_plan
+
     from autofusion.models import build
 
     here = hashlib.sha256(render_plan(greedy_plan(build("bert-tiny"), horizontal=True)).text.encode()).hexdigest()
-    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(Path(__file__).parent.parent))
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent), str(Path(__file__).parent)]))
     out = subprocess.run([sys.executable, "-c", _RENDER], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == here
