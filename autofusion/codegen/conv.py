@@ -23,11 +23,12 @@ import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from autofusion.codegen import index as ix
-from autofusion.codegen.cores import CoreSpec
+from autofusion.codegen.cores import CoreChoice, CoreSpec
 from autofusion.codegen.gemm import PACK_NR, PACKED_MIN_COLUMNS, pack_weights
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
@@ -57,6 +58,10 @@ POOL_TILE_P = 512
 MAX_POOL_RECOMPUTE = 1.5  # blocks may compute at most this many convolution rows per output row
 
 
+# the window's numbers the template reads (see _Conv._geometry)
+_TEMPLATE_GEOMETRY = ("groups", "mg", "kc", "im2col", "channels", "cg", "in_size", "taps", "kd", "kh", "kw", "p",
+                      "id", "ih", "iw", "od", "oh", "ow", "sd", "sh", "sw", "dd", "dh", "dw", "pd", "ph", "pw")
+
 # the bias of output channel ``ch``: a C expression (from a tensor, or folded at build time)
 Bias = Callable[[str, Inliner, Block], str]
 
@@ -79,6 +84,8 @@ class _Conv:
         self.non_core = self.members - {core.name}
         self.handlers = op_handlers()
         self.y = core.outputs[0]  # the value the tiles compute (a folded BatchNormalization's output)
+        self.folded = False  # a BatchNormalization folded into the weights
+        self.k_pass = 0  # K rows per pass of the packed kernel (the core choice's)
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         k.uses_blas = True
@@ -112,69 +119,149 @@ class _Conv:
 
     def render(self, only_into: str = "") -> str:
         """The kernel body; with ``only_into``, just the convolution (and bias) into that buffer."""
-        core, g, k = self.core, self.g, self.k
-        x_t, w_t = core.inputs[0], core.inputs[1]
-        bias_t = core.inputs[2] if len(core.inputs) > 2 else ""
-        y = core.outputs[0]
-        xs, ws = g.types[x_t].shape, g.types[w_t].shape
+        geo = self._geometry()
+        x_ptr = self._buffer(self.core.inputs[0])
+        weight, bias, y = self._weight_and_bias(only_into)
+        outputs = [] if only_into else list(self.k.group.outputs)
+        pool = None if only_into else self._pooling(y, outputs)
+        choice = self._choose(geo, weight, pool)
+        w_ptr = self._weight_pointer(geo, weight, choice)
+        self.y = y
+        if pool is not None:
+            with contextlib.suppress(Misaligned):  # the pooling op's input is not elementwise in the tile: below
+                return self._render_pooled(pool, y, bias, choice.packed, w_ptr, x_ptr, outputs, geo)
+        return self._render_tiles(geo, choice, bias, x_ptr, w_ptr, outputs, only_into)
+
+    def _geometry(self) -> dict[str, Any]:
+        """The convolution's sizes as 3-D (depth, height, width) numbers, for the template and the tiles."""
+        core, g = self.core, self.g
+        xs, ws = g.types[core.inputs[0]].shape, g.types[core.inputs[1]].shape
         spatial = len(xs) - 2
         if spatial < 1 or spatial > 3:
-            raise k.error(f"Conv with {spatial} spatial axes is not supported", core)
+            raise self.k.error(f"Conv with {spatial} spatial axes is not supported", core)
         groups = int(core.attr("group", 1))
         win = window(xs[2:], ints(core.attr("kernel_shape") or ws[2:]), core.attrs.get)
-        n_img, channels, m = xs[0], xs[1], ws[0]
-        cg, mg = channels // groups, m // groups
-        ind, inh, inw = _pad3(list(xs[2:]), 1)
-        kd, kh, kw = _pad3(list(win.kernel), 1)
-        od, oh, ow = _pad3(list(win.out), 1)
-        sd, sh, sw = _pad3(list(win.strides), 1)
-        dd, dh, dw = _pad3(list(win.dilations), 1)
-        pd, ph, pw = _pad3(list(win.pad_begin), 0)
-        taps = kd * kh * kw
-        kc, p = cg * taps, od * oh * ow
-        im2col = not (taps == 1 and (sd, sh, sw) == (1, 1, 1) and (pd, ph, pw) == (0, 0, 0) and
-                      tuple(win.pad_end) == (0,) * spatial)
-        x_ptr = self._buffer(x_t)
+        geo: dict[str, Any] = dict(xs=xs, ws=ws, win=win, groups=groups, n_img=xs[0], channels=xs[1], m=ws[0],
+                                   cg=xs[1] // groups, mg=ws[0] // groups)
+        for names, values, fill in ((("id", "ih", "iw"), xs[2:], 1), (("kd", "kh", "kw"), win.kernel, 1),
+                                    (("od", "oh", "ow"), win.out, 1), (("sd", "sh", "sw"), win.strides, 1),
+                                    (("dd", "dh", "dw"), win.dilations, 1), (("pd", "ph", "pw"), win.pad_begin, 0)):
+            geo.update(zip(names, _pad3(list(values), fill)))
+        geo["taps"] = geo["kd"] * geo["kh"] * geo["kw"]
+        geo["kc"], geo["p"] = geo["cg"] * geo["taps"], geo["od"] * geo["oh"] * geo["ow"]
+        geo["in_size"] = geo["id"] * geo["ih"] * geo["iw"]
+        unit = (geo["taps"] == 1 and (geo["sd"], geo["sh"], geo["sw"]) == (1, 1, 1)
+                and (geo["pd"], geo["ph"], geo["pw"]) == (0, 0, 0) and tuple(win.pad_end) == (0,) * spatial)
+        geo["im2col"] = not unit  # a 1x1 kernel, stride 1, no padding: the input is the matrix
+        return geo
+
+    def _weight_and_bias(self, only_into: str) -> tuple[np.ndarray | None, Bias | None, str]:
+        """The weight (BatchNormalization folded in where it can be), the bias and the tensor the tiles
+        compute (the folded BatchNormalization's output, else the convolution's)."""
+        core, g = self.core, self.g
+        w_t, bias_t = core.inputs[1], core.inputs[2] if len(core.inputs) > 2 else ""
         bias: Bias | None = None
         if bias_t:
             bias = lambda ch, inl, block: inl.value(bias_t, (ch,), block)  # noqa: E731
-        bn = None if only_into else self._foldable_batchnorm(y, bias_t)
-        weight = g.const_value(w_t)
-        if bn is not None:  # BatchNormalization folded into the weights and bias at build time
-            weight, bias = self._fold(bn, w_t, bias_t)
-            self.non_core = self.non_core - {bn.name}
-            y = bn.outputs[0]
+        bn = None if only_into else self._foldable_batchnorm(core.outputs[0], bias_t)
+        if bn is None:
+            return g.const_value(w_t), bias, core.outputs[0]
+        weight, bias = self._fold(bn, w_t, bias_t)  # BatchNormalization folded at build time
+        self.non_core = self.non_core - {bn.name}
+        self.folded = True
+        return weight, bias, bn.outputs[0]
+
+    def _choose(self, geo: dict[str, Any], weight: np.ndarray | None, pool: Node | None) -> CoreChoice:
+        """The core implementation the chooser picks among those this convolution can take."""
+        win, mg = geo["win"], geo["mg"]
         # depthwise and other narrow groups stay on sgemm: their panels would be mostly padding
         packable = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
-        geometry = (tuple(xs), tuple(ws), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
-                    tuple(win.dilations), (groups,))
-        outputs = [] if only_into else list(k.group.outputs)
-        pool = None if only_into else self._pooling(y, outputs)
+        geometry = (tuple(geo["xs"]), tuple(geo["ws"]), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
+                    tuple(win.dilations), (geo["groups"],))
         # one plane (no depth, no negative pads, which crop): split into its stride phases, the padded
         # input makes output positions an affine walk for every tap, so the taps can be read in place
-        direct_ok = (packable and im2col and pool is None and od == 1 and kd == 1
+        direct_ok = (packable and geo["im2col"] and pool is None and geo["od"] == 1 and geo["kd"] == 1
                      and min(win.pad_begin + win.pad_end) >= 0)
-        depthwise_ok = mg == 1 and cg == 1 and pool is None
-        choice = k.core(CoreSpec("conv", p, mg, kc, packable, calls=n_img * groups, geometry=geometry,
-                                 taps=direct_ok, depthwise=depthwise_ok))
-        packed, self.k_pass, depthwise = choice.packed, choice.kc, choice.impl == "depthwise"
-        if packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
-            w_ptr = k.derived_constant(f"{core.name}_packed", np.concatenate(
-                [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), groups)]))
-        elif bn is not None and weight is not None:  # the folded weights, as sgemm reads them
-            w_ptr = k.derived_constant(f"{core.name}_folded", np.asarray(weight, np.float32))
-        else:
-            w_ptr = self._buffer(w_t)
-        self.y = y
-        ys = g.types[y].shape
+        depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
+        choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=geo["n_img"] * geo["groups"],
+                                      geometry=geometry, taps=direct_ok, depthwise=depthwise_ok))
+        self.k_pass = choice.kc
+        return choice
 
-        if pool is not None:
-            with contextlib.suppress(Misaligned):  # the pooling op's input is not elementwise in the tile: below
-                return self._render_pooled(pool, y, bias, packed, w_ptr, x_ptr, outputs, dict(
-                    n_img=n_img, groups=groups, mg=mg, m=m, kc=kc, im2col=im2col, channels=channels, cg=cg,
-                    in_size=ind * inh * inw, taps=taps, kd=kd, kh=kh, kw=kw, p=p, id=ind, ih=inh, iw=inw,
-                    od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw, pd=pd, ph=ph, pw=pw,
-                    xs=xs, ws=ws))
+    def _weight_pointer(self, geo: dict[str, Any], weight: np.ndarray | None, choice: CoreChoice) -> str:
+        core, mg, kc = self.core, geo["mg"], geo["kc"]
+        if choice.packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
+            return self.k.derived_constant(f"{core.name}_packed", np.concatenate(
+                [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), geo["groups"])]))
+        if self.folded and weight is not None:  # the folded weights, as sgemm reads them
+            return self.k.derived_constant(f"{core.name}_folded", np.asarray(weight, np.float32))
+        return self._buffer(core.inputs[1])
+
+    def _render_tiles(self, geo: dict[str, Any], choice: CoreChoice, bias: Bias | None, x_ptr: str, w_ptr: str,
+                      outputs: list[str], only_into: str) -> str:
+        """The kernel without a pooling epilogue: tasks of channel blocks x whole output rows."""
+        k, g, y = self.k, self.g, self.y
+        packed, depthwise = choice.packed, choice.impl == "depthwise"
+        ys = g.types[y].shape
+        aligned, late, early, ybuf = self._place_outputs(outputs, only_into, bias is not None or packed)
+        if early:
+            self.prologue.append(self._nest().render(early))
+        p, ow, mg = geo["p"], geo["ow"], geo["mg"]
+        rows_per_tile = max(1, (DEPTHWISE_TILE_P if depthwise else TILE_P) // ow)
+        rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
+        pb = min(p, ow * rows_per_tile)
+        mb = _channel_block(mg, geo["n_img"] * geo["groups"] * -(-p // pb), packed)
+        tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
+        direct = None
+        pitch = ow  # tile rows per output row: the padded input's width when the taps are read in place
+        if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
+            direct = tap_slab(geo["cg"], pb // ow, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]),
+                              (geo["dh"], geo["dw"]))
+            pitch = direct.width
+        if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
+            assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
+            c_ptr, ldc = "tile", mb
+        elif ybuf:
+            c_ptr, ldc = f"{ybuf} + (n * {geo['m']} + gi * {mg} + m0) * {p} + p0", p
+        else:
+            c_ptr, ldc = "tile", pb
+        body = self._tile_body(aligned, ybuf, bias, ldc, pitch, packed)
+        sp_dims = list(range(2, len(ys)))
+        row_lines = [f"const int64_t i{d} = {e};" for d, e in zip(sp_dims[:-1], ix.delinear("srow", list(ys[2:-1])))
+                     if ys[d] != 1]
+        col_lines = [f"const int64_t i{sp_dims[-1]} = ow;"] if ys[-1] != 1 else ["(void)ow;"]
+        if late:
+            over: dict[str, Override] = {y: lambda ix_, blk: f"{ybuf}[{ix.linear(ix_, ys)}]"}
+            self.epilogue.append(self._nest(over).render(late))
+        parallel = 2 * geo["n_img"] * geo["m"] * p * geo["kc"] >= PARALLEL_MIN_FLOPS
+        im2col, kc = geo["im2col"], geo["kc"]
+        # one image, one group, one block of positions: every channel block needs the same im2col matrix,
+        # computed once by all threads into scratch instead of once per task
+        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and not depthwise and parallel
+                      and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1 else None)
+        tile_floats = mb * (pb // ow) * pitch if packed or not ybuf else 0
+        col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
+        if direct is not None:  # the slab and the offset table take the im2col block's place
+            col_floats = (direct.slab_bytes + kc * 4) // 4
+        col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 1)
+        ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
+        how = "taps read in place" if direct else "im2col " + ("yes" if im2col else "no")
+        return k.templates.render(
+            "conv_epilogue.c.j2", k_pass=self.k_pass,
+            comment=c_comment_text(f"Conv {self.core.name}: {list(geo['xs'])} * {list(geo['ws'])} -> {list(ys)}, "
+                                   f"group {geo['groups']}, {how}; epilogue per tile: {ops}"),
+            direct=direct, pitch=pitch, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
+            parallel=parallel, shared_col=shared_col, tile_floats=tile_floats, col_bytes=col_bytes,
+            tile_bytes=tile_bytes, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
+            x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, ldc=ldc, w_ptr=w_ptr,
+            body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None,
+            **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
+
+    def _place_outputs(self, outputs: list[str], only_into: str, through_tile: bool
+                       ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, str]], str]:
+        """(aligned, late, early, ybuf): outputs written per tile, after the tiles, before them (they
+        do not depend on the convolution), and the buffer the convolution's own values go to."""
+        k, g, y = self.k, self.g, self.y
         aligned, late, early = [], [], []
         for t in outputs:
             dest = k.pointer(t)
@@ -187,35 +274,21 @@ class _Conv:
         ybuf = ""
         if only_into:
             ybuf = only_into
-            if bias is not None or packed:
+            if through_tile:
                 aligned.append((y, ybuf))
         elif y in outputs:
             ybuf = k.pointer(y)
         elif late:
             ybuf = f"((float*)(scratch + {k.scratch(g.types[y].nbytes)}))"
-            if bias is not None or packed:
+            if through_tile:
                 aligned.insert(0, (y, ybuf))
-        if early:
-            self.prologue.append(self._nest().render(early))
-        rows_per_tile = max(1, (DEPTHWISE_TILE_P if depthwise else TILE_P) // ow)
-        rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
-        pb = min(p, ow * rows_per_tile)
-        mb = _channel_block(mg, n_img * groups * -(-p // pb), packed)
-        tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
-        direct = None
-        pitch = ow  # tile rows per output row: the padded input's width when the taps are read in place
-        if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
-            direct = tap_slab(cg, pb // ow, ow, (kh, kw), (sh, sw), (dh, dw))
-            pitch = direct.width
-        if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
-            assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
-            c_ptr, ldc = "tile", mb
-        elif ybuf:
-            c_ptr, ldc = f"{ybuf} + (n * {m} + gi * {mg} + m0) * {p} + p0", p
-        else:
-            c_ptr, ldc = "tile", pb
+        return aligned, late, early, ybuf
 
-        inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
+    def _tile_body(self, aligned: list[tuple[str, str]], ybuf: str, bias: Bias | None, ldc: int, pitch: int,
+                   packed: bool) -> Block:
+        """The epilogue per element of a tile: each aligned output computed from the tile's value."""
+        y, ys = self.y, self.g.types[self.y].shape
+        inl = Inliner(self.k, self.non_core, self.handlers, overrides=dict(self.loads))
         inl.overrides[y] = self._tile_override(ldc, pitch, bias, inl, transposed=packed)
         body = Block()
         idx = self._y_index()
@@ -224,37 +297,7 @@ class _Conv:
                 continue
             v = inl.value(t, idx, body)
             body.emit(f"{dest}[{ix.linear(idx, ys)}] = {v};")
-        sp_dims = list(range(2, len(ys)))
-        row_lines = [f"const int64_t i{d} = {e};" for d, e in zip(sp_dims[:-1], ix.delinear("srow", list(ys[2:-1])))
-                     if ys[d] != 1]
-        col_lines = [f"const int64_t i{sp_dims[-1]} = ow;"] if ys[-1] != 1 else ["(void)ow;"]
-        if late:
-            over: dict[str, Override] = {y: lambda ix_, blk: f"{ybuf}[{ix.linear(ix_, ys)}]"}
-            self.epilogue.append(self._nest(over).render(late))
-        flops = 2 * n_img * m * p * kc
-        parallel = flops >= PARALLEL_MIN_FLOPS
-        # one image, one group, one block of positions: every channel block needs the same im2col matrix,
-        # computed once by all threads into scratch instead of once per task
-        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and not depthwise and parallel
-                      and n_img * groups == 1 and tiles_p == 1 and tiles_m > 1 else None)
-        tile_floats = mb * (pb // ow) * pitch if packed or not ybuf else 0
-        col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
-        if direct is not None:  # the slab and the offset table take the im2col block's place
-            col_floats = (direct.slab_bytes + kc * 4) // 4
-        col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 1)
-        ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
-        return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass,
-            comment=c_comment_text(f"Conv {core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
-                                   f"{'taps read in place' if direct else 'im2col ' + ('yes' if im2col else 'no')}; "
-                                   f"epilogue per tile: {ops}"), direct=direct, pitch=pitch, depthwise=depthwise,
-            prologue=self.prologue, epilogue=self.epilogue, parallel=parallel, shared_col=shared_col,
-            tile_floats=tile_floats, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed,
-            w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=n_img, groups=groups, x_ptr=x_ptr, channels=channels,
-            cg=cg, in_size=ind * inh * inw, im2col=im2col, kc=kc, taps=taps, kd=kd, kh=kh,
-            kw=kw, p=p, id=ind, ih=inh, iw=inw, od=od, oh=oh, ow=ow, sd=sd, sh=sh, sw=sw, dd=dd, dh=dh, dw=dw,
-            pd=pd, ph=ph, pw=pw, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, mg=mg, c_ptr=c_ptr, ldc=ldc,
-            w_ptr=w_ptr, body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None)
+        return body
 
     def _pooling(self, y: str, outputs: list[str]) -> Node | None:
         """The pooling op of the group whose windows the tiles can feed: 2-D, over the convolution
@@ -281,7 +324,7 @@ class _Conv:
             self._after(t, source) for t in node.inputs if t)
 
     def _render_pooled(self, pool: Node, y: str, bias: Bias | None, packed: bool, w_ptr: str, x_ptr: str,
-                       outputs: list[str], geo: dict) -> str:  # type: ignore[type-arg]
+                       outputs: list[str], geo: dict[str, Any]) -> str:
         """The kernel when a pooling op follows: tasks are blocks of pooled rows (see the module doc)."""
         k, g = self.k, self.g
         ys, ps = g.types[y].shape, g.types[pool.outputs[0]].shape
@@ -345,9 +388,7 @@ class _Conv:
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],
             pool=dict(rows=prb, out_rows=poh, out_cols=ps[3], stride=stride, pad=pad, reach=reach, body=body.lines),
-            **{key: geo[key] for key in ("groups", "mg", "kc", "im2col", "channels", "cg", "in_size", "taps",
-                                         "kd", "kh", "kw", "p", "id", "ih", "iw", "od", "oh", "ow", "sd",
-                                         "sh", "sw", "dd", "dh", "dw", "pd", "ph", "pw")})
+            **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
 
     def _foldable_batchnorm(self, y: str, bias_t: str) -> Node | None:
         """The BatchNormalization that alone consumes the convolution, with every parameter constant."""
