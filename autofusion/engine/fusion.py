@@ -11,11 +11,12 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.decide.space import Blocked, FusionSpace, LoopCandidate, Permission
 from autofusion.dsl.guards import Guard, holds
-from autofusion.dsl.ir import FusionKind, FusionRule, OpTerm, RuleSet, Term, Var
+from autofusion.dsl.ir import FusionKind, FusionRule, NoFuse, OpTerm, RuleSet, Term, Var
 from autofusion.engine.egraph import prepared_session
 from autofusion.engine.encode import DECLARATIONS, Encoder, Workdir
 from autofusion.engine.loops import chain_cells
@@ -31,6 +32,9 @@ from autofusion.engine.match import (
 from autofusion.engine.rewrite import class_facts, handles_of
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ops.registry import OpRegistry
+
+# a fusion rule ready to read back: the rule, its kind, its compiled patterns and its guard
+_Compiled = tuple[FusionRule, FusionKind, list[CompiledPattern], Guard | None]
 
 MAX_CLASS_ARITY = 4  # input positions a class rule looks at (every op of the built-in models fits)
 
@@ -71,18 +75,39 @@ class FusionMatcher:
 
     def run(self) -> FusionSpace:
         start = time.perf_counter()
-        enc = self.encoder
-        enc.graph(self.graph)
-        workdir = Workdir()
+        compiled, nofuse_patterns, program = self._compile()
+        snapshot = self._saturate(program)
+        facts = self._facts(snapshot)
+        edges, siblings, blocked, loops = self._permissions(compiled, snapshot, facts)
+        nofuse = self._nofuse(nofuse_patterns, snapshot, facts)
+        for key in list(edges):
+            if key[0] in nofuse or key[1] in nofuse:
+                del edges[key]
+                blocked[key] = Blocked(UnfusedReason.NOFUSE, "")
+        for key in list(siblings):
+            if key[0] in nofuse or key[1] in nofuse:
+                del siblings[key]
+        self.report.seconds = time.perf_counter() - start
+        return FusionSpace(
+            self.graph,
+            FrozenMap({k: tuple(dict.fromkeys(v)) for k, v in edges.items()}),
+            FrozenMap({k: tuple(dict.fromkeys(v)) for k, v in siblings.items()}),
+            FrozenMap({k: v for k, v in blocked.items() if k not in edges}),
+            frozenset(nofuse),
+            tuple(loops),
+        )
+
+    def _compile(self) -> tuple[list[_Compiled], list[tuple[NoFuse, CompiledPattern]], list[str]]:
+        """Every fusion and nofuse rule as egglog rules (untranslatable ones skipped, with the reason),
+        and the program that declares them."""
         compiler = PatternCompiler(self.rules, self.registry)
-        compiled: list[tuple[FusionRule, FusionKind, list[CompiledPattern], Guard | None]] = []
+        compiled: list[_Compiled] = []
         program = [DECLARATIONS, class_facts(self.rules), "(ruleset fusion)"]
         n = 0
         for rule in self.rules.fusions:
-            terms = self._terms(rule)
             patterns = []
             try:
-                for t in terms:
+                for t in self._terms(rule):
                     n += 1
                     patterns.append(compiler.compile(t, f"fm{n}", "fusion", f"{rule.name}#{n}"))
             except Untranslatable as e:
@@ -100,15 +125,24 @@ class FusionMatcher:
                 continue
             program.append(p.program)
             nofuse_patterns.append((nf, p))
+        return compiled, nofuse_patterns, program
+
+    def _saturate(self, program: list[str]) -> Any:
+        """The graph's e-graph after the fusion rules ran, serialized."""
+        workdir = Workdir()
+        self.encoder.graph(self.graph)
         try:
             with prepared_session("\n".join(program)) as session:  # rules compiled once per process
-                session.run(enc.program(workdir.path))
+                session.run(self.encoder.program(workdir.path))
                 session.run_rules("fusion")
-                snapshot = session.serialize()
+                return session.serialize()
         finally:
             workdir.close()
+
+    def _facts(self, snapshot: Any) -> EClassFacts:
+        """What guards may read of each e-class: its tensor's type and, for constants, value."""
         handles = handles_of(snapshot)
-        tensor_of_handle = {h: t for t, h in enc.handle_of.items() if t}
+        tensor_of_handle = {h: t for t, h in self.encoder.handle_of.items() if t}
         types, values, consts = {}, {}, set()
         for eclass, hs in handles.items():
             for h in hs:
@@ -121,8 +155,12 @@ class FusionMatcher:
                 if v is not None:
                     values[eclass] = v
                     consts.add(eclass)
-        facts = EClassFacts(handles, types, values, consts)
+        return EClassFacts(handles, types, values, consts)
 
+    def _permissions(self, compiled: list[_Compiled], snapshot: Any, facts: EClassFacts
+                     ) -> tuple[dict[tuple[str, str], list[Permission]], dict[tuple[str, str], list[Permission]],
+                                dict[tuple[str, str], Blocked], list[LoopCandidate]]:
+        """(edges, siblings, blocked, loops): what each rule's matches allow, and what its guards refused."""
         edges: dict[tuple[str, str], list[Permission]] = {}
         siblings: dict[tuple[str, str], list[Permission]] = {}
         blocked: dict[tuple[str, str], Blocked] = {}
@@ -150,28 +188,17 @@ class FusionMatcher:
                     for m in ms:
                         for a, b in self._internal_edges(m):
                             edges.setdefault((a, b), []).append(perm)
+        return edges, siblings, blocked, loops
+
+    def _nofuse(self, patterns: list[tuple[NoFuse, CompiledPattern]], snapshot: Any, facts: EClassFacts) -> set[str]:
+        """The nodes a nofuse rule's matches cover."""
         nofuse: set[str] = set()
-        for nf, p in nofuse_patterns:
+        for nf, p in patterns:
             ms, _ = read_matches(p, snapshot, facts, self.registry, nf.guard, nf.name)
             for m in ms:
                 nofuse.update(self._node_of(c) for _, c, _, _ in m.ops)
         nofuse.discard("")
-        for key in list(edges):
-            if key[0] in nofuse or key[1] in nofuse:
-                del edges[key]
-                blocked[key] = Blocked(UnfusedReason.NOFUSE, "")
-        for key in list(siblings):
-            if key[0] in nofuse or key[1] in nofuse:
-                del siblings[key]
-        self.report.seconds = time.perf_counter() - start
-        return FusionSpace(
-            self.graph,
-            FrozenMap({k: tuple(dict.fromkeys(v)) for k, v in edges.items()}),
-            FrozenMap({k: tuple(dict.fromkeys(v)) for k, v in siblings.items()}),
-            FrozenMap({k: v for k, v in blocked.items() if k not in edges}),
-            frozenset(nofuse),
-            tuple(loops),
-        )
+        return nofuse
 
     def _terms(self, rule: FusionRule) -> list[Term]:
         if rule.kind == "class":
