@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from autofusion.codegen.ctype import ctype, highest, is_float, literal, lowest
 from autofusion.codegen.errors import CodegenError
 from autofusion.ir.graph import Graph, Node
-from autofusion.ir.types import DType
+from autofusion.ir.types import DType, TensorType
 
 REDUCTION_OPS = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -130,147 +130,239 @@ def is_identity_reduce(graph: Graph, node: Node) -> bool:
     return _axes_of(graph, node, rank) is None and bool(node.attr("noop_with_empty_axes", 0))
 
 
+@dataclass(frozen=True)
+class _Row:
+    """What every reduction family's spec starts from: the node, its input and its element type."""
+
+    graph: Graph
+    node: Node
+    prefix: str  # variable names start with it
+
+    @property
+    def x(self) -> str:
+        return self.node.inputs[0]
+
+    @property
+    def xt(self) -> TensorType:
+        return self.graph.types[self.x]
+
+    @property
+    def xc(self) -> str:
+        return ctype(self.xt.dtype, f"node {self.node.name!r}")
+
+    @property
+    def fl(self) -> bool:
+        return is_float(self.xt.dtype)
+
+    @property
+    def sum_t(self) -> str:
+        return "double" if self.fl else "int64_t"
+
+
 def reduction_spec(graph: Graph, node: Node, prefix: str) -> ReductionSpec:
     """The passes and statistics of reduction ``node``; variable names start with ``prefix``."""
-    x = node.inputs[0]
-    xt = graph.types[x]
-    rank = xt.rank
-    dt = xt.dtype
-    xc = ctype(dt, f"node {node.name!r}")
-    fl = is_float(dt)
-    sum_t = "double" if fl else "int64_t"
-    op = node.op
-    p = prefix
+    r, op = _Row(graph, node, prefix), node.op
+    if op.startswith("Reduce"):
+        return _reduce(r)
+    if op in ("GlobalAveragePool", "GlobalMaxPool"):
+        return _global_pool(r)
+    if op in ("ArgMax", "ArgMin"):
+        return _arg_extreme(r)
+    if op in ("Softmax", "LogSoftmax", "Hardmax"):
+        return _softmax(r)
+    if op in ("LayerNormalization", "InstanceNormalization"):
+        return _normalization(r)
+    raise CodegenError(f"node {node.name!r}: {op} is not a row reduction")
+
+
+def _reduce(r: _Row) -> ReductionSpec:
+    """The Reduce* ops: one accumulator per row (two passes for ReduceLogSumExp)."""
+    graph = r.graph
+    node = r.node
+    x = r.x
+    xt = r.xt
+    rank = r.xt.rank
+    dt = r.xt.dtype
+    xc = r.xc
+    fl = r.fl
+    sum_t = r.sum_t
+    op = r.node.op
+    p = r.prefix
 
     def lit(v: object) -> str:
         return literal(v, dt)
 
     passes: tuple[Pass, ...]
-    if op.startswith("Reduce"):
-        axes = _axes_of(graph, node, rank) or tuple(range(rank))
-        layout = "keep" if node.attr("keepdims", 1) else "drop"
-        n = math.prod(xt.shape[a] for a in axes)
-        val = f"{p}val"
-        if op in ("ReduceMax", "ReduceMin"):
-            better = "af_maxf" if dt == DType.FLOAT32 else "af_max"
-            if op == "ReduceMin":
-                better = better.replace("max", "min")
-            a = f"{p}acc"
-            update = (f"{a} = {better}({a}, {{x}});" if fl else
-                      f"{a} = {{x}} {'>' if op == 'ReduceMax' else '<'} {a} ? {{x}} : {a};")
-            acc = Acc(a, xc, lowest(dt) if op == "ReduceMax" else highest(dt), update,
-                      "max" if op == "ReduceMax" else "min")
-            passes = (Pass((acc,), (f"const {xc} {val} = {p}acc;",)),)
-        elif op == "ReduceLogSumExp":
-            m, s = f"{p}max", f"{p}sum"
-            passes = (
-                Pass((Acc(m, xc, lowest(dt), f"{m} = {m} > {{x}} ? {m} : {{x}};", "max"),),
-                     (f"const {xc} {p}shift = isfinite({m}) ? {m} : {lit(0)};",)),
-                Pass((Acc(s, "double", "0.0", f"{s} += exp((double)({{x}} - {p}shift));", "+"),),
-                     (f"const {xc} {val} = ({xc})(log({s}) + {p}shift);",)),
-            )
-        else:
-            term = {"ReduceL1": "fabs((double){x})", "ReduceL2": "(double){x} * {x}",
-                    "ReduceSumSquare": "(double){x} * {x}"}.get(op, "{x}")
-            if not fl:
-                term = {"ReduceL1": "({x} < 0 ? -{x} : {x})", "ReduceSumSquare": "{x} * {x}"}.get(op, "{x}")
-            if op == "ReduceProd":
-                acc = Acc(f"{p}acc", sum_t, "1", f"{p}acc *= {{x}};", "*")
-            else:
-                acc = Acc(f"{p}acc", sum_t, "0", f"{p}acc += {term};", "+")
-            final = {"ReduceMean": f"{p}acc / {n}", "ReduceL2": f"sqrt({p}acc)",
-                     "ReduceLogSum": f"log({p}acc)"}.get(op, f"{p}acc")
-            passes = (Pass((acc,), (f"const {xc} {val} = ({xc})({final});",)),)
-        return ReductionSpec(node, x, xt.shape, axes, (layout,), passes, (Stat(val, xc),),
-                             lambda a: a.stats[val])
-
-    if op in ("GlobalAveragePool", "GlobalMaxPool"):
-        axes = tuple(range(2, rank))
-        n = math.prod(xt.shape[2:])
-        val = f"{p}val"
-        if op == "GlobalMaxPool":
-            acc = Acc(f"{p}acc", xc, lowest(dt), f"{p}acc = {p}acc > {{x}} ? {p}acc : {{x}};", "max")
-            after = f"const {xc} {val} = {p}acc;"
-        else:
-            acc = Acc(f"{p}acc", sum_t, "0", f"{p}acc += {{x}};", "+")
-            after = f"const {xc} {val} = ({xc})({p}acc / {n});"
-        return ReductionSpec(node, x, xt.shape, axes, ("keep",), (Pass((acc,), (after,)),), (Stat(val, xc),),
-                             lambda a: a.stats[val])
-
-    if op in ("ArgMax", "ArgMin"):
-        axis = int(node.attr("axis", 0)) % rank
-        layout = "keep" if node.attr("keepdims", 1) else "drop"
-        cmp = (">" if op == "ArgMax" else "<") + ("=" if node.attr("select_last_index", 0) else "")
-        best, at = f"{p}best", f"{p}at"
-        init = lowest(dt) if op == "ArgMax" else highest(dt)
-        update = f"if ({{x}} {cmp} {best} || {{j}} == 0) {{ {best} = {{x}}; {at} = {{j}}; }}"
-        passes = (Pass((Acc(best, xc, init, update), Acc(at, "int64_t", "0", "")), ()),)
-        return ReductionSpec(node, x, xt.shape, (axis,), (layout,), passes, (Stat(at, "int64_t"),),
-                             lambda a: a.stats[at])
-
-    if op in ("Softmax", "LogSoftmax", "Hardmax"):
-        axis = int(node.attr("axis", -1)) % rank
-        if not fl:
-            raise CodegenError(f"node {node.name!r} ({op}): element type {dt} is not supported")
+    axes = _axes_of(graph, node, rank) or tuple(range(rank))
+    layout = "keep" if node.attr("keepdims", 1) else "drop"
+    n = math.prod(xt.shape[a] for a in axes)
+    val = f"{p}val"
+    if op in ("ReduceMax", "ReduceMin"):
+        better = "af_maxf" if dt == DType.FLOAT32 else "af_max"
+        if op == "ReduceMin":
+            better = better.replace("max", "min")
+        a = f"{p}acc"
+        update = (f"{a} = {better}({a}, {{x}});" if fl else
+                  f"{a} = {{x}} {'>' if op == 'ReduceMax' else '<'} {a} ? {{x}} : {a};")
+        acc = Acc(a, xc, lowest(dt) if op == "ReduceMax" else highest(dt), update,
+                  "max" if op == "ReduceMax" else "min")
+        passes = (Pass((acc,), (f"const {xc} {val} = {p}acc;",)),)
+    elif op == "ReduceLogSumExp":
         m, s = f"{p}max", f"{p}sum"
-        exp = "af_expf" if dt == DType.FLOAT32 else "exp"
-        max_pass = Pass((Acc(m, xc, lowest(dt), f"{m} = {m} > {{x}} ? {m} : {{x}};", "max"),))
-        if op == "Hardmax":
-            at = f"{p}at"
-            update = f"if ({{x}} > {p}best || {{j}} == 0) {{ {p}best = {{x}}; {at} = {{j}}; }}"
-            passes = (Pass((Acc(f"{p}best", xc, lowest(dt), update), Acc(at, "int64_t", "0", "")), ()),)
-            return ReductionSpec(node, x, xt.shape, (axis,), ("full",), passes, (Stat(at, "int64_t"),),
-                                 lambda a: f"({a.inner} == {a.stats[at]} ? {lit(1)} : {lit(0)})")
-        sum_pass = Pass((Acc(s, "double", "0.0", f"{s} += {exp}({{x}} - {m});", "+"),),
-                        (f"const {xc} {p}den = ({xc}){s};", f"const {xc} {p}log = ({xc})log({s});"))
-        stats = (Stat(m, xc), Stat(f"{p}den", xc), Stat(f"{p}log", xc))
-        if op == "Softmax":
-            out: OutputFn = lambda a: f"{exp}({a.x()} - {a.stats[m]}) / {a.stats[p + 'den']}"  # noqa: E731
-        else:
-            out = lambda a: f"({a.x()} - {a.stats[m]}) - {a.stats[p + 'log']}"  # noqa: E731
-        return ReductionSpec(node, x, xt.shape, (axis,), ("full",), (max_pass, sum_pass), stats, out)
-
-    if op in ("LayerNormalization", "InstanceNormalization"):
-        if op == "LayerNormalization":
-            axis = int(node.attr("axis", -1)) % rank
-            axes = tuple(range(axis, rank))
-        else:
-            axes = tuple(range(2, rank))
-        n = math.prod(xt.shape[a] for a in axes)
-        eps = literal(node.attr("epsilon", 1e-5), DType.FLOAT32)
-        s1, s2, mean = f"{p}s1", f"{p}s2", f"{p}mean"
         passes = (
-            Pass((Acc(s1, "double", "0.0", f"{s1} += (double){{x}};", "+"),),
-                 (f"const float {mean} = (float)({s1} / {n});",)),
-            Pass((Acc(s2, "double", "0.0", f"{s2} += (double)(((float){{x}} - {mean}) * ((float){{x}} - {mean}));",
-                      "+"),),
-                 (f"const float {p}var = (float)({s2} / {n});",
-                  f"const float {p}inv = 1.0f / sqrtf({p}var + {eps});",
-                  f"const float {p}den = sqrtf({p}var + {eps});")),
+            Pass((Acc(m, xc, lowest(dt), f"{m} = {m} > {{x}} ? {m} : {{x}};", "max"),),
+                 (f"const {xc} {p}shift = isfinite({m}) ? {m} : {lit(0)};",)),
+            Pass((Acc(s, "double", "0.0", f"{s} += exp((double)({{x}} - {p}shift));", "+"),),
+                 (f"const {xc} {val} = ({xc})(log({s}) + {p}shift);",)),
         )
-        stats = (Stat(mean, "float"), Stat(f"{p}inv", "float"), Stat(f"{p}den", "float"))
-        layouts = ("full", "keep", "keep")
-        has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
-        shapes = [graph.types[t].shape if t else () for t in node.inputs]
+    else:
+        term = {"ReduceL1": "fabs((double){x})", "ReduceL2": "(double){x} * {x}",
+                "ReduceSumSquare": "(double){x} * {x}"}.get(op, "{x}")
+        if not fl:
+            term = {"ReduceL1": "({x} < 0 ? -{x} : {x})", "ReduceSumSquare": "{x} * {x}"}.get(op, "{x}")
+        if op == "ReduceProd":
+            acc = Acc(f"{p}acc", sum_t, "1", f"{p}acc *= {{x}};", "*")
+        else:
+            acc = Acc(f"{p}acc", sum_t, "0", f"{p}acc += {term};", "+")
+        final = {"ReduceMean": f"{p}acc / {n}", "ReduceL2": f"sqrt({p}acc)",
+                 "ReduceLogSum": f"log({p}acc)"}.get(op, f"{p}acc")
+        passes = (Pass((acc,), (f"const {xc} {val} = ({xc})({final});",)),)
+    return ReductionSpec(node, x, xt.shape, axes, (layout,), passes, (Stat(val, xc),),
+                         lambda a: a.stats[val])
 
-        def normalized(a: OutputArgs) -> str:
-            if a.pos == 1:
-                return a.stats[mean]
-            if a.pos == 2:
-                return a.stats[f"{p}inv"]
-            centered = f"((float){a.x()} - {a.stats[mean]})"
-            if op == "LayerNormalization":
-                scale = a.input(1, _bcast(a.idx, xt.shape, shapes[1]))
-                y = f"{centered} * {a.stats[p + 'inv']} * {scale}"
-                if has_bias:
-                    y += f" + {a.input(2, _bcast(a.idx, xt.shape, shapes[2]))}"
-            else:
-                c = (a.idx[1],)
-                y = f"{centered} / {a.stats[p + 'den']} * {a.input(1, c)} + {a.input(2, c)}"
-            return f"({xc})({y})" if dt != DType.FLOAT32 else y
 
-        return ReductionSpec(node, x, xt.shape, axes, layouts, passes, stats, normalized)
-    raise CodegenError(f"node {node.name!r}: {op} is not a row reduction")
+def _global_pool(r: _Row) -> ReductionSpec:
+    """GlobalAveragePool and GlobalMaxPool: every spatial position of a channel."""
+    node = r.node
+    x = r.x
+    xt = r.xt
+    rank = r.xt.rank
+    dt = r.xt.dtype
+    xc = r.xc
+    sum_t = r.sum_t
+    op = r.node.op
+    p = r.prefix
+    axes = tuple(range(2, rank))
+    n = math.prod(xt.shape[2:])
+    val = f"{p}val"
+    if op == "GlobalMaxPool":
+        acc = Acc(f"{p}acc", xc, lowest(dt), f"{p}acc = {p}acc > {{x}} ? {p}acc : {{x}};", "max")
+        after = f"const {xc} {val} = {p}acc;"
+    else:
+        acc = Acc(f"{p}acc", sum_t, "0", f"{p}acc += {{x}};", "+")
+        after = f"const {xc} {val} = ({xc})({p}acc / {n});"
+    return ReductionSpec(node, x, xt.shape, axes, ("keep",), (Pass((acc,), (after,)),), (Stat(val, xc),),
+                         lambda a: a.stats[val])
+
+
+def _arg_extreme(r: _Row) -> ReductionSpec:
+    """ArgMax and ArgMin: the best value and where it is."""
+    node = r.node
+    x = r.x
+    xt = r.xt
+    rank = r.xt.rank
+    dt = r.xt.dtype
+    xc = r.xc
+    op = r.node.op
+    p = r.prefix
+    axis = int(node.attr("axis", 0)) % rank
+    layout = "keep" if node.attr("keepdims", 1) else "drop"
+    cmp = (">" if op == "ArgMax" else "<") + ("=" if node.attr("select_last_index", 0) else "")
+    best, at = f"{p}best", f"{p}at"
+    init = lowest(dt) if op == "ArgMax" else highest(dt)
+    update = f"if ({{x}} {cmp} {best} || {{j}} == 0) {{ {best} = {{x}}; {at} = {{j}}; }}"
+    passes = (Pass((Acc(best, xc, init, update), Acc(at, "int64_t", "0", "")), ()),)
+    return ReductionSpec(node, x, xt.shape, (axis,), (layout,), passes, (Stat(at, "int64_t"),),
+                         lambda a: a.stats[at])
+
+
+def _softmax(r: _Row) -> ReductionSpec:
+    """Softmax and LogSoftmax (a max pass, then a sum pass), Hardmax (one argmax pass)."""
+    node = r.node
+    x = r.x
+    xt = r.xt
+    rank = r.xt.rank
+    dt = r.xt.dtype
+    xc = r.xc
+    fl = r.fl
+    op = r.node.op
+    p = r.prefix
+
+    def lit(v: object) -> str:
+        return literal(v, dt)
+
+    axis = int(node.attr("axis", -1)) % rank
+    if not fl:
+        raise CodegenError(f"node {node.name!r} ({op}): element type {dt} is not supported")
+    m, s = f"{p}max", f"{p}sum"
+    exp = "af_expf" if dt == DType.FLOAT32 else "exp"
+    max_pass = Pass((Acc(m, xc, lowest(dt), f"{m} = {m} > {{x}} ? {m} : {{x}};", "max"),))
+    if op == "Hardmax":
+        at = f"{p}at"
+        update = f"if ({{x}} > {p}best || {{j}} == 0) {{ {p}best = {{x}}; {at} = {{j}}; }}"
+        passes = (Pass((Acc(f"{p}best", xc, lowest(dt), update), Acc(at, "int64_t", "0", "")), ()),)
+        return ReductionSpec(node, x, xt.shape, (axis,), ("full",), passes, (Stat(at, "int64_t"),),
+                             lambda a: f"({a.inner} == {a.stats[at]} ? {lit(1)} : {lit(0)})")
+    sum_pass = Pass((Acc(s, "double", "0.0", f"{s} += {exp}({{x}} - {m});", "+"),),
+                    (f"const {xc} {p}den = ({xc}){s};", f"const {xc} {p}log = ({xc})log({s});"))
+    stats = (Stat(m, xc), Stat(f"{p}den", xc), Stat(f"{p}log", xc))
+    if op == "Softmax":
+        out: OutputFn = lambda a: f"{exp}({a.x()} - {a.stats[m]}) / {a.stats[p + 'den']}"  # noqa: E731
+    else:
+        out = lambda a: f"({a.x()} - {a.stats[m]}) - {a.stats[p + 'log']}"  # noqa: E731
+    return ReductionSpec(node, x, xt.shape, (axis,), ("full",), (max_pass, sum_pass), stats, out)
+
+
+def _normalization(r: _Row) -> ReductionSpec:
+    """LayerNormalization and InstanceNormalization: mean, then variance."""
+    graph = r.graph
+    node = r.node
+    x = r.x
+    xt = r.xt
+    rank = r.xt.rank
+    dt = r.xt.dtype
+    xc = r.xc
+    op = r.node.op
+    p = r.prefix
+    if op == "LayerNormalization":
+        axis = int(node.attr("axis", -1)) % rank
+        axes = tuple(range(axis, rank))
+    else:
+        axes = tuple(range(2, rank))
+    n = math.prod(xt.shape[a] for a in axes)
+    eps = literal(node.attr("epsilon", 1e-5), DType.FLOAT32)
+    s1, s2, mean = f"{p}s1", f"{p}s2", f"{p}mean"
+    passes = (
+        Pass((Acc(s1, "double", "0.0", f"{s1} += (double){{x}};", "+"),),
+             (f"const float {mean} = (float)({s1} / {n});",)),
+        Pass((Acc(s2, "double", "0.0", f"{s2} += (double)(((float){{x}} - {mean}) * ((float){{x}} - {mean}));",
+                  "+"),),
+             (f"const float {p}var = (float)({s2} / {n});",
+              f"const float {p}inv = 1.0f / sqrtf({p}var + {eps});",
+              f"const float {p}den = sqrtf({p}var + {eps});")),
+    )
+    stats = (Stat(mean, "float"), Stat(f"{p}inv", "float"), Stat(f"{p}den", "float"))
+    layouts = ("full", "keep", "keep")
+    has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
+    shapes = [graph.types[t].shape if t else () for t in node.inputs]
+
+    def normalized(a: OutputArgs) -> str:
+        if a.pos == 1:
+            return a.stats[mean]
+        if a.pos == 2:
+            return a.stats[f"{p}inv"]
+        centered = f"((float){a.x()} - {a.stats[mean]})"
+        if op == "LayerNormalization":
+            scale = a.input(1, _bcast(a.idx, xt.shape, shapes[1]))
+            y = f"{centered} * {a.stats[p + 'inv']} * {scale}"
+            if has_bias:
+                y += f" + {a.input(2, _bcast(a.idx, xt.shape, shapes[2]))}"
+        else:
+            c = (a.idx[1],)
+            y = f"{centered} / {a.stats[p + 'den']} * {a.input(1, c)} + {a.input(2, c)}"
+        return f"({xc})({y})" if dt != DType.FLOAT32 else y
+
+    return ReductionSpec(node, x, xt.shape, axes, layouts, passes, stats, normalized)
 
 
 __all__ = ["REDUCTION_OPS", "Acc", "OutputArgs", "Pass", "ReductionSpec", "Stat", "is_identity_reduce",
