@@ -10,7 +10,7 @@ from autofusion.decide.legality import GroupChecker
 from autofusion.decide.optimize import decide
 from autofusion.decide.partition import Partition
 from autofusion.decide.plan import RuleRef, UnfusedReason
-from autofusion.decide.space import FusionSpace, Permission
+from autofusion.engine.space import FusionSpace, Permission
 from autofusion.ir import DType, Graph, GraphBuilder
 from autofusion.ir.graph import FrozenMap
 from autofusion.ops import OpClass, default_registry

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
-from autofusion.decide.space import FusionSpace, Permission
+from autofusion.engine.space import FusionSpace, Permission
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpClass, OpRegistry
 

@@ -12,8 +12,8 @@ from autofusion.decide.groups import build_groups
 from autofusion.decide.legality import DEFAULT_SIZE_CAP, GroupChecker
 from autofusion.decide.partition import Partition
 from autofusion.decide.plan import CostBreakdown, Plan, UnfusedPair, UnfusedReason
-from autofusion.decide.space import FusionSpace
 from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
+from autofusion.engine.space import FusionSpace
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ir.types import TensorType
 from autofusion.ops.catalog import default_registry

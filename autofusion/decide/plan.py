@@ -8,37 +8,14 @@ kernel. Groups are listed in a topological order of the group graph.
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autofusion.engine.space import RuleRef, UnfusedReason
 from autofusion.ir.graph import FrozenMap, Graph
 
-
-@dataclass(frozen=True)
-class RuleRef:
-    """Provenance: the rule that allowed a fusion, and where it is written."""
-
-    name: str
-    file: str = ""
-    line: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.file}:{self.line})" if self.file else self.name
-
-
-class UnfusedReason(enum.StrEnum):
-    """Why two adjacent nodes ended in different kernels."""
-
-    CYCLE = "would-form-cycle"
-    SIZE_CAP = "over-size-cap"
-    COST = "cost-says-no"
-    NO_RULE = "no-rule-covers"
-    GUARD = "guard-rejects"
-    NOFUSE = "no-fuse-scope"
-    TEMPLATE = "no-template-for-group"
-    MEMORY = "over-memory-bound"
+__all__ = ["RuleRef", "UnfusedReason"]  # (also named here: plans carry both)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofusion.decide.plan import RuleRef, UnfusedReason
-from autofusion.decide.space import Blocked, FusionSpace, LoopCandidate, Permission
 from autofusion.dsl.guards import Guard, holds
 from autofusion.dsl.ir import FusionKind, FusionRule, NoFuse, OpTerm, RuleSet, Term, Var
 from autofusion.engine.egraph import prepared_session
@@ -30,6 +28,7 @@ from autofusion.engine.match import (
     read_matches,
 )
 from autofusion.engine.rewrite import class_facts, handles_of
+from autofusion.engine.space import Blocked, FusionSpace, LoopCandidate, Permission, RuleRef, UnfusedReason
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ops.registry import OpRegistry
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from autofusion.decide.plan import RuleRef
-from autofusion.decide.space import LoopCandidate
 from autofusion.dsl.ir import FusionRule
 from autofusion.engine.match import Match
+from autofusion.engine.space import LoopCandidate, RuleRef
 from autofusion.ir.graph import Graph
 
 

@@ -1,4 +1,5 @@
-"""The fusion space: which merges the rules allow on a graph, as found by the engine.
+"""The fusion space: which merges the rules allow on a graph, as the engine finds them (and the
+decider reads them): permissions with their rules' provenance, blocked edges and why.
 
 The engine matches the rule set against the (rewritten) graph and reports permissions as data; the
 decider only chooses among them. Keys are node names.
@@ -6,11 +7,36 @@ decider only chooses among them. Keys are node names.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.ir.graph import FrozenMap, Graph
+
+
+@dataclass(frozen=True)
+class RuleRef:
+    """Provenance: the rule that allowed a fusion, and where it is written."""
+
+    name: str
+    file: str = ""
+    line: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.file}:{self.line})" if self.file else self.name
+
+
+class UnfusedReason(enum.StrEnum):
+    """Why two adjacent nodes ended in different kernels."""
+
+    CYCLE = "would-form-cycle"
+    SIZE_CAP = "over-size-cap"
+    COST = "cost-says-no"
+    NO_RULE = "no-rule-covers"
+    GUARD = "guard-rejects"
+    NOFUSE = "no-fuse-scope"
+    TEMPLATE = "no-template-for-group"
+    MEMORY = "over-memory-bound"
 
 
 @dataclass(frozen=True)
