@@ -1,6 +1,7 @@
 """The package's import graph, counting function-local imports: no module imports itself through
 others, and the only packages that import each other's modules are ir and ops (the IR's types
-below the registry, the IR's builder, inference and interpreter above it)."""
+below the registry, the IR's builder, inference and interpreter above it); no stage of the
+pipeline imports a later one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "autofusion"
 ALLOWED_PACKAGE_PAIRS = {frozenset({"autofusion.ir", "autofusion.ops"})}
+# the pipeline, bottom up: a package imports only packages at its level or below (the CLI, the
+# API, the torch backend and the tools beside them sit on top and may import any)
+PIPELINE = {"autofusion.ir": 0, "autofusion.ops": 0, "autofusion.frontends": 1, "autofusion.dsl": 2,
+            "autofusion.engine": 3, "autofusion.decide": 4, "autofusion.codegen": 5, "autofusion.runtime": 6}
 
 
 def _modules() -> dict[str, Path]:
@@ -95,6 +100,13 @@ def test_packages_import_each_other_only_where_allowed() -> None:
                 packages.setdefault(pa, set()).add(pb)
     found = {frozenset(c) for c in _cycles(packages)}
     assert found <= ALLOWED_PACKAGE_PAIRS, sorted(sorted(c) for c in found - ALLOWED_PACKAGE_PAIRS)
+
+
+def test_no_stage_of_the_pipeline_imports_a_later_one() -> None:
+    upward = sorted({(".".join(a.split(".")[:2]), ".".join(b.split(".")[:2])) for a, targets in _imports().items()
+                     for b in targets
+                     if PIPELINE.get(".".join(b.split(".")[:2]), -1) > PIPELINE.get(".".join(a.split(".")[:2]), 99)})
+    assert upward == []
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

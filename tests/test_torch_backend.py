@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from autofusion.frontends.torch_backend import AutofusionFallbackWarning, autofusion_backend  # noqa: E402
+from autofusion.torch_backend import AutofusionFallbackWarning, autofusion_backend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-4, 1e-5
@@ -208,7 +208,7 @@ def test_torch_discovers_the_backend_through_package_metadata(tmp_path):
 
 
 def test_importing_autofusion_does_not_import_torch():
-    script = ("import sys, autofusion, autofusion.frontends, autofusion.frontends.torch_backend; "
+    script = ("import sys, autofusion, autofusion.frontends, autofusion.torch_backend; "
               "assert 'torch' not in sys.modules, 'torch imported'")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
