@@ -177,17 +177,8 @@ def reduction_spec(graph: Graph, node: Node, prefix: str) -> ReductionSpec:
 
 def _reduce(r: _Row) -> ReductionSpec:
     """The Reduce* ops: one accumulator per row (two passes for ReduceLogSumExp)."""
-    graph = r.graph
-    node = r.node
-    x = r.x
-    xt = r.xt
-    rank = r.xt.rank
-    dt = r.xt.dtype
-    xc = r.xc
-    fl = r.fl
-    sum_t = r.sum_t
-    op = r.node.op
-    p = r.prefix
+    graph, node, x, xt, rank = r.graph, r.node, r.x, r.xt, r.xt.rank
+    dt, xc, fl, sum_t, op, p = r.xt.dtype, r.xc, r.fl, r.sum_t, r.node.op, r.prefix
 
     def lit(v: object) -> str:
         return literal(v, dt)
@@ -233,15 +224,8 @@ def _reduce(r: _Row) -> ReductionSpec:
 
 def _global_pool(r: _Row) -> ReductionSpec:
     """GlobalAveragePool and GlobalMaxPool: every spatial position of a channel."""
-    node = r.node
-    x = r.x
-    xt = r.xt
-    rank = r.xt.rank
-    dt = r.xt.dtype
-    xc = r.xc
-    sum_t = r.sum_t
-    op = r.node.op
-    p = r.prefix
+    node, x, xt, rank = r.node, r.x, r.xt, r.xt.rank
+    dt, xc, sum_t, op, p = r.xt.dtype, r.xc, r.sum_t, r.node.op, r.prefix
     axes = tuple(range(2, rank))
     n = math.prod(xt.shape[2:])
     val = f"{p}val"
@@ -257,14 +241,7 @@ def _global_pool(r: _Row) -> ReductionSpec:
 
 def _arg_extreme(r: _Row) -> ReductionSpec:
     """ArgMax and ArgMin: the best value and where it is."""
-    node = r.node
-    x = r.x
-    xt = r.xt
-    rank = r.xt.rank
-    dt = r.xt.dtype
-    xc = r.xc
-    op = r.node.op
-    p = r.prefix
+    node, x, xt, rank, dt, xc, op, p = r.node, r.x, r.xt, r.xt.rank, r.xt.dtype, r.xc, r.node.op, r.prefix
     axis = int(node.attr("axis", 0)) % rank
     layout = "keep" if node.attr("keepdims", 1) else "drop"
     cmp = (">" if op == "ArgMax" else "<") + ("=" if node.attr("select_last_index", 0) else "")
@@ -278,15 +255,7 @@ def _arg_extreme(r: _Row) -> ReductionSpec:
 
 def _softmax(r: _Row) -> ReductionSpec:
     """Softmax and LogSoftmax (a max pass, then a sum pass), Hardmax (one argmax pass)."""
-    node = r.node
-    x = r.x
-    xt = r.xt
-    rank = r.xt.rank
-    dt = r.xt.dtype
-    xc = r.xc
-    fl = r.fl
-    op = r.node.op
-    p = r.prefix
+    node, x, xt, rank, dt, xc, fl, op, p = r.node, r.x, r.xt, r.xt.rank, r.xt.dtype, r.xc, r.fl, r.node.op, r.prefix
 
     def lit(v: object) -> str:
         return literal(v, dt)
@@ -315,15 +284,8 @@ def _softmax(r: _Row) -> ReductionSpec:
 
 def _normalization(r: _Row) -> ReductionSpec:
     """LayerNormalization and InstanceNormalization: mean, then variance."""
-    graph = r.graph
-    node = r.node
-    x = r.x
-    xt = r.xt
-    rank = r.xt.rank
-    dt = r.xt.dtype
-    xc = r.xc
-    op = r.node.op
-    p = r.prefix
+    graph, node, x, xt = r.graph, r.node, r.x, r.xt
+    rank, dt, xc, op, p = r.xt.rank, r.xt.dtype, r.xc, r.node.op, r.prefix
     if op == "LayerNormalization":
         axis = int(node.attr("axis", -1)) % rank
         axes = tuple(range(axis, rank))

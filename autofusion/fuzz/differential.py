@@ -26,9 +26,7 @@ import numpy as np
 from autofusion.fuzz.cases import case_for
 from autofusion.fuzz.generator import FuzzCase
 from autofusion.ir import run_graph
-
-RTOL = 1e-4
-ATOL = 1e-5
+from autofusion.runtime.compare import ATOL, RTOL  # the tolerance every comparison with the reference uses
 
 
 @dataclass(frozen=True)
