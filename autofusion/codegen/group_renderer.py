@@ -10,12 +10,13 @@ from autofusion.codegen.names import c_ident
 from autofusion.codegen.reductions import REDUCTION_OPS
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
+from autofusion.dsl.templates import known_templates
 from autofusion.ir.graph import Graph, Node
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
-TEMPLATES = frozenset({"view", "pointwise", "reduction", "multi_output", "opaque", "gemm_epilogue",
-                       "conv_epilogue", "horizontal_gemm", "lstm_scan"})
+# every kernel kind a rule may name (one list, dsl/templates.py), and "view" for groups of views
+TEMPLATES = known_templates() | {"view"}
 LOOP_TEMPLATES = frozenset({"pointwise", "reduction", "multi_output"})
 
 
