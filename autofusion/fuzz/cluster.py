@@ -44,11 +44,14 @@ def run_ray_campaign(cases: int, seed: int, cache: str | Path | None = None, max
         raise RayUnavailable("--ray needs Ray: pip install 'autofusion[cluster]'") from None
     started = not ray.is_initialized()
     if started:
-        package_root = str(Path(__file__).resolve().parents[2])  # a source checkout's workers import it too
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
+        runtime_env = {}
+        if address is None:  # a local Ray's workers import a source checkout too; a cluster's have their own
+            package_root = str(Path(__file__).resolve().parents[2])
+            path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+            runtime_env = {"env_vars": {"PYTHONPATH": path}}
         try:
             ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                     log_to_driver=False, runtime_env={"env_vars": env})
+                     log_to_driver=False, runtime_env=runtime_env)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise RayUnavailable(f"cannot reach the Ray cluster at {address}: {e}") from None
     try:
