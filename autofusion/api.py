@@ -28,13 +28,14 @@ from autofusion.dsl.ir import RuleSet
 from autofusion.engine import Limits, fusion_space, saturate_rewrites
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ir.verify import verify
+from autofusion.kinds import KindRegistry
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
 RulesArg = RuleSet | Sequence[str | Path] | str | Path | None
 
 
-def load_ruleset(rules: RulesArg, registry: OpRegistry | None = None) -> RuleSet:
+def load_ruleset(rules: RulesArg, registry: OpRegistry | None = None, kinds: KindRegistry | None = None) -> RuleSet:
     """A RuleSet from a RuleSet, rule file or directory paths, or None for the shipped library."""
     if isinstance(rules, RuleSet):
         return rules
@@ -42,7 +43,7 @@ def load_ruleset(rules: RulesArg, registry: OpRegistry | None = None) -> RuleSet
 
     if isinstance(rules, (str, Path)):
         rules = [rules]
-    return load_rules(rules, registry=registry)
+    return load_rules(rules, registry=registry, kinds=kinds)
 
 
 def optimize(
@@ -53,20 +54,23 @@ def optimize(
     size_cap: int = 48,
     limits: Limits | None = None,
     registry: OpRegistry | None = None,
+    kinds: KindRegistry | None = None,
 ) -> Plan:
     """Rewrite ``graph`` by equality saturation, then choose fused kernels under ``cost_model``
-    (default: the calibrated model when a calibration file exists, see ``default_cost_model``)."""
+    (default: the calibrated model when a calibration file exists, see ``default_cost_model``);
+    ``kinds`` are the kernel kinds rules may name (default: the built-in ones; with plugins':
+    ``autofusion.plugins.kinds_with_plugins()``)."""
     registry = registry or default_registry()
     cost_model = cost_model or default_cost_model(registry)
     t0 = time.perf_counter()
-    ruleset = load_ruleset(rules, registry)
+    ruleset = load_ruleset(rules, registry, kinds)
     t1 = time.perf_counter()
     rewritten = saturate_rewrites(graph, ruleset, registry, limits)
     verify(rewritten.graph, registry)
     t2 = time.perf_counter()
     space, matches = fusion_space(rewritten.graph, ruleset, registry)
     t3 = time.perf_counter()
-    plan = decide(space, cost_model, strategy, size_cap, registry)
+    plan = decide(space, cost_model, strategy, size_cap, registry, kinds=kinds)
     t4 = time.perf_counter()
     stats = dict(plan.stats)
     stats.update({

@@ -131,7 +131,7 @@ EVIL_TENSOR = 'x*/ system("rm -rf /"); /*'
 EVIL_RULES = """import "core.fuse"
 
 ## Doc */ system("rm -rf /"); /* ??= #include <stdio.h> \"\"\" __import__('os').system('x') \"\"\"
-fuse evil_rule: Sigmoid -> Neg -> template "pointwise" (tile_m=64) priority 50
+fuse evil_rule: Sigmoid -> Neg -> template "pointwise" priority 50
 """
 
 

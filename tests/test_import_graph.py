@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1] / "autofusion"
 ALLOWED_PACKAGE_PAIRS = {frozenset({"autofusion.ir", "autofusion.ops"})}
 # the pipeline, bottom up: a package imports only packages at its level or below (the CLI, the
 # API, the torch backend and the tools beside them sit on top and may import any)
-PIPELINE = {"autofusion.ir": 0, "autofusion.ops": 0, "autofusion.frontends": 1, "autofusion.dsl": 2,
-            "autofusion.engine": 3, "autofusion.decide": 4, "autofusion.codegen": 5, "autofusion.runtime": 6}
+PIPELINE = {"autofusion.ir": 0, "autofusion.ops": 0, "autofusion.frontends": 1, "autofusion.kinds": 1,
+            "autofusion.dsl": 2, "autofusion.engine": 3, "autofusion.decide": 4, "autofusion.codegen": 5, "autofusion.runtime": 6}
 
 
 def _modules() -> dict[str, Path]:

@@ -31,9 +31,15 @@ def run(args: argparse.Namespace) -> int:
     limit = args.limit or None
     out.table("rules that fired", ("rule", "kind", "where", "times"),
               [(r["rule"], r["kind"], r["where"], r["times"]) for r in report["rules"]][:limit])
-    out.table("fused kernels", ("kernel", "template", "ops", "rules"),
-              [(g["name"], g["template"], " ".join(g["ops"]), ", ".join(g["rules"])) for g in report["kernels"]][:limit])
+    out.table("fused kernels", ("kernel", "template", "ops", "rules", "template from"),
+              [(g["name"], _with_params(g), " ".join(g["ops"]), ", ".join(g["rules"]), g["decided_by"])
+               for g in report["kernels"]][:limit])
     out.table("why pairs were not fused", ("reason", "pairs"), sorted(report["reasons"].items(), key=lambda kv: -kv[1]))
     out.table("unfused pairs", ("producer", "consumer", "reason", "detail"),
               [(u["producer"], u["consumer"], u["reason"], u["detail"]) for u in report["unfused"]][:limit])
     return 0
+
+
+def _with_params(kernel: dict[str, Any]) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in kernel["params"].items())
+    return f"{kernel['template']} ({params})" if params else kernel["template"]

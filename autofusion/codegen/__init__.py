@@ -2,14 +2,13 @@
 
 from autofusion.codegen.buffers import BufferPlan, Placement, plan_buffers
 from autofusion.codegen.errors import CodegenError
-from autofusion.codegen.group_renderer import TEMPLATES, render_group
+from autofusion.codegen.group_renderer import c_kinds, render_group
 from autofusion.codegen.kernel_context import KernelSource, Param
 from autofusion.codegen.names import NameTable, c_comment, c_ident
 from autofusion.codegen.superkernel import LibrarySource, render_plan, render_unfused
 from autofusion.codegen.templates import TemplateSet
 
 __all__ = [
-    "TEMPLATES",
     "BufferPlan",
     "CodegenError",
     "KernelSource",
@@ -20,6 +19,7 @@ __all__ = [
     "TemplateSet",
     "c_comment",
     "c_ident",
+    "c_kinds",
     "plan_buffers",
     "render_group",
     "render_plan",

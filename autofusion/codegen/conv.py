@@ -82,7 +82,7 @@ class _Conv:
         done = {n.name for n in nodes if n.outputs and all(o in self.materialized for o in n.outputs if o)}
         self.members = frozenset(n.name for n in nodes) - done
         self.non_core = self.members - {core.name}
-        self.handlers = op_handlers()
+        self.handlers = op_handlers(k.registry)
         self.y = core.outputs[0]  # the value the tiles compute (a folded BatchNormalization's output)
         self.folded = False  # a BatchNormalization folded into the weights
         self.k_pass = 0  # K rows per pass of the packed kernel (the core choice's)

@@ -128,7 +128,7 @@ class _Gemm:
         self.members = frozenset(n.name for n in nodes if not self._done(n))
         self.cores = cores
         self.non_core = frozenset(n.name for n in nodes if n not in cores and not self._done(n))
-        self.handlers = op_handlers()
+        self.handlers = op_handlers(k.registry)
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         k.uses_blas = True
@@ -391,9 +391,13 @@ class _Gemm:
         n, kk = seg.n, seg.k
         n_batch = seg.calls
         kc = self._choose_core(seg)
-        mb = max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
+        tile_m, tile_n = self.k.group.params.get("tile_m"), self.k.group.params.get("tile_n")  # the rule's
+        mb = min(tile_m, m_total) if tile_m else max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
         row_tiles = n_batch * -(-m_total // mb)
-        nb = _packed_column_block(n, row_tiles) if seg.weight is not None else _column_block(n, row_tiles)
+        if tile_n:  # a packed weight is read in whole panels
+            nb = min(n, -(-tile_n // PACK_NR) * PACK_NR if seg.weight is not None else tile_n)
+        else:
+            nb = _packed_column_block(n, row_tiles) if seg.weight is not None else _column_block(n, row_tiles)
         tiles_m, tiles_n = -(-m_total // mb), -(-n // nb)
         ta, lda = self._layout(seg, "a") or (False, 1)
         tb, ldb = self._layout(seg, "b") or (False, 1)

@@ -171,7 +171,10 @@ def group_error(group: FusedGroup, message: str, node: Node | None = None) -> Co
 def group_comment(graph: Graph, group: FusedGroup) -> list[str]:
     """Comment lines above a kernel: its ops, template, and the rules (file:line) that formed it."""
     ops = " -> ".join(graph.node_by_name[n].op for n in group.nodes)
-    lines = [f"{group.name}: {ops}", f"template {group.template}, kind {group.kind}, {len(group.nodes)} node(s)"]
+    params = "".join(f" {k}={v}" for k, v in group.params.items())
+    lines = [f"{group.name}: {ops}", f"template {group.template}{params}, kind {group.kind}, {len(group.nodes)} node(s)"]
+    if group.decided_by is not None:
+        lines.append(f"template from rule {group.decided_by}")
     if group.rules:
         lines.append("rules: " + "; ".join(str(r) for r in group.rules))
     else:

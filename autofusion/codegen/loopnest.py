@@ -35,6 +35,7 @@ from autofusion.codegen.reductions import (
     reduction_spec,
 )
 from autofusion.ir.graph import Node
+from autofusion.ops.registry import OpRegistry
 
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a loop nest runs on one thread (fork/join costs more)
 CHUNKS_PER_LOOP = 32  # dynamic scheduling in this many chunks: a descheduled thread holds up little
@@ -46,14 +47,19 @@ def chunk(iterations: int) -> int:
 _NO_STAGE = 1 << 30
 
 
-def op_handlers() -> Mapping[str, Handler]:
-    """Every op the loop-nest engine computes elementwise, by op name."""
+def op_handlers(registry: OpRegistry | None = None) -> Mapping[str, Handler]:
+    """Every op the loop-nest engine computes elementwise, by op name: the built-in handlers, and
+    the ops of ``registry`` that spell their own C (plugin ops)."""
     from autofusion.codegen import op_layout, op_math, op_window
 
     table: dict[str, Handler] = {}
     table.update(op_math.handlers())
     table.update(op_layout.handlers())
     table.update(op_window.handlers())
+    for opdef in registry or ():
+        c = opdef.spelling.get("c")
+        if c and opdef.name not in table:
+            table[opdef.name] = op_math.spelled_handler(opdef.name, c)
     return table
 
 
@@ -87,7 +93,7 @@ class LoopNest:
     def __init__(self, k: KernelContext, members: frozenset[str], overrides: Mapping[str, Override] | None = None,
                  handlers: Mapping[str, Handler] | None = None) -> None:
         self.k = k
-        self.inl = Inliner(k, members, handlers or op_handlers(), overrides=dict(overrides or {}))
+        self.inl = Inliner(k, members, handlers or op_handlers(k.registry), overrides=dict(overrides or {}))
         self._deps: dict[str, frozenset[str]] = {}
         self.stages: list[_Stage] = []
         self._stage_of: dict[str, _Stage] = {}

@@ -342,6 +342,22 @@ def _dropout(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> st
     return inl.value(node.inputs[0], idx, block)
 
 
+def spelled_handler(op: str, fmt: str) -> Handler:
+    """The handler of an op that spells its C expression itself (``OpDef.spelling["c"]``)."""
+    def handle(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
+        m = _Math(inl, node, inl.k.type(node.outputs[0]).dtype)
+        if m.dtype != DType.FLOAT32:
+            raise inl.k.error(f"{op} spells its C for float32 only, not {m.dtype}", node)
+        args = [f"({inl.input_value(node, i, idx, block)})" for i in range(len(node.inputs)) if node.inputs[i]]
+        try:
+            return f"({fmt.format(*args)})"
+        except (IndexError, KeyError, ValueError) as e:
+            raise inl.k.error(f"{op}'s C spelling {fmt!r} does not format with {len(args)} input(s): {e}",
+                              node) from None
+
+    return handle
+
+
 def handlers() -> Mapping[str, Handler]:
     """Handlers of every elementwise op, by op name."""
     table: dict[str, Handler] = {op: _unary_handler(fn) for op, fn in _UNARY.items()}

@@ -26,7 +26,7 @@ CORE_OPS = frozenset({"MatMul", "Gemm", "Conv"})
 def render_staged(k: KernelContext, nodes: list[Node]) -> str:
     """Body of a kernel running the cores of ``nodes`` level by level with fused elementwise phases."""
     g = k.graph
-    handlers = op_handlers()
+    handlers = op_handlers(k.registry)
     for node in nodes:
         if node.op not in CORE_OPS and node.op not in handlers and node.op not in REDUCTION_OPS:
             raise k.error(f"op {node.op} cannot be part of a multi-core ({k.group.template!r}) kernel", node)

@@ -61,7 +61,7 @@ def render_kernels(plan: Plan, templates: TemplateSet, registry: OpRegistry,
                    chooser: CoreChooser | None = None) -> list[KernelSource]:
     out = []
     for group in plan.groups:
-        k = render_group(plan.graph, group, templates, registry, chooser)
+        k = render_group(plan.graph, group, templates, registry, chooser, plan.kinds)
         if k is not None:
             out.append(k)
     return out
@@ -128,9 +128,10 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
                 profile: bool = False, chooser: CoreChooser | None = None) -> LibrarySource:
     """The SuperKernel of ``plan``: kernel units plus a main unit with ``af_run``. With ``profile``,
     ``af_run`` also clocks each group's step and ``af_profile`` returns the seconds of the last run.
-    ``chooser`` decides how each matrix product runs (codegen/cores.py; default: untuned)."""
+    ``chooser`` decides how each matrix product runs (codegen/cores.py; default: untuned);
+    ``registry`` defaults to the plan's (plugin ops included when the plan was made with them)."""
     templates = templates or default_templates()
-    registry = registry or default_registry()
+    registry = registry or plan.registry
     g = plan.graph
     kernels = render_kernels(plan, templates, registry, chooser)
     by_group = {k.group.name: k for k in kernels}

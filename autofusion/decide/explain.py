@@ -26,7 +26,8 @@ def explain_report(plan: Plan) -> dict[str, Any]:
     graph = plan.graph
     kernels = [{"name": g.name, "template": g.template, "kind": g.kind,
                 "ops": [graph.node_by_name[n].op for n in g.nodes], "nodes": list(g.nodes),
-                "rules": [str(r) for r in g.rules]} for g in plan.groups if g.fused]
+                "rules": [str(r) for r in g.rules], "params": dict(g.params),
+                "decided_by": str(g.decided_by) if g.decided_by else "the op mix"} for g in plan.groups if g.fused]
     unfused = [{"producer": u.producer, "consumer": u.consumer, "reason": str(u.reason), "detail": u.detail,
                 "ops": [graph.node_by_name[u.producer].op, graph.node_by_name[u.consumer].op]} for u in plan.unfused]
     reasons = Counter(u["reason"] for u in unfused)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from autofusion.decide.plan import ZERO_COST, CostBreakdown, FusedGroup, RuleRef
 from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.kinds import GroupFacts
+from autofusion.kinds.builtin import natural_kind
 from autofusion.ops.catalog import default_registry
-from autofusion.ops.registry import OpClass, OpRegistry
+from autofusion.ops.registry import OpRegistry
 
 
 def group_io(graph: Graph, nodes: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -35,19 +38,11 @@ def group_io(graph: Graph, nodes: Iterable[str]) -> tuple[tuple[str, ...], tuple
 
 
 def default_template(graph: Graph, nodes: Sequence[str], registry: OpRegistry | None = None) -> str:
-    """The template a group of these ops needs when no rule names one."""
+    """The kind a group of these ops needs when no rule names one (legal or not: callers that need
+    legality ask the GroupChecker)."""
     registry = registry or default_registry()
-    defs = [registry[graph.node_by_name[n].op] for n in nodes]
-    if all(d.view for d in defs):
-        return "view"
-    classes = {d.op_class for d in defs if not d.view}
-    if OpClass.OPAQUE in classes:
-        return "opaque" if len(nodes) == 1 else "gemm_epilogue"
-    if OpClass.REDUCTION in classes:
-        return "reduction"
-    if classes <= {OpClass.POINTWISE, OpClass.BROADCAST}:
-        return "pointwise"
-    return "opaque" if len(nodes) == 1 else "multi_output"
+    members = frozenset(nodes)
+    return natural_kind(GroupFacts(graph, members, {n: registry[graph.node_by_name[n].op] for n in members}))
 
 
 def kernel_name(graph: Graph, nodes: Sequence[str], index: int) -> str:
@@ -98,6 +93,7 @@ def build_groups(
     cost_of: Callable[[Sequence[str]], CostBreakdown] | None = None,
     kind_of: Callable[[Sequence[str]], str] | None = None,
     registry: OpRegistry | None = None,
+    decision_of: Callable[[Sequence[str]], tuple[RuleRef | None, FrozenMap[str, Any]]] | None = None,
 ) -> tuple[FusedGroup, ...]:
     """FusedGroups for a partition, in topological order, with deterministic names."""
     groups = []
@@ -105,6 +101,7 @@ def build_groups(
         inputs, outputs = group_io(graph, nodes)
         template = template_of(nodes) if template_of else default_template(graph, nodes, registry)
         kind = kind_of(nodes) if kind_of else ("single" if len(nodes) == 1 else "linear")
+        decided_by, params = decision_of(nodes) if decision_of else (None, FrozenMap())
         groups.append(FusedGroup(
             name=kernel_name(graph, nodes, i),
             nodes=tuple(nodes),
@@ -113,7 +110,8 @@ def build_groups(
             template=template,
             kind=kind,
             rules=rules_of(nodes) if rules_of else (),
-            params=FrozenMap(),
+            params=params,
             cost=cost_of(nodes) if cost_of else ZERO_COST,
+            decided_by=decided_by,
         ))
     return tuple(groups)

@@ -1,16 +1,25 @@
 """Legality of one fused group, enforced by the engine rather than by each rule: every internal edge
-allowed by a rule, a template that can render the group, a size cap. Acyclicity between groups is
-checked over whole partitions (see ``acyclic``)."""
+allowed by a rule, a kernel kind that accepts the group, a size cap. Acyclicity between groups is
+checked over whole partitions (see ``acyclic``).
+
+The kind of a group is the one its rules name: of the kinds named by the permissions inside the
+group, the one of highest priority that accepts it (equal priorities: the registry's order). A
+group whose rules name no kind (class rules that keep the host's) takes the kind its op mix needs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.engine.space import FusionSpace, Permission
+from autofusion.ir.graph import FrozenMap
+from autofusion.kinds import GroupFacts, KindRegistry, default_kinds
+from autofusion.kinds.builtin import natural_kind
 from autofusion.ops.catalog import default_registry
-from autofusion.ops.registry import OpClass, OpRegistry
+from autofusion.ops.registry import OpRegistry
 
 DEFAULT_SIZE_CAP = 48
 
@@ -21,16 +30,30 @@ class Verdict:
     template: str = ""
     reason: UnfusedReason | None = None
     detail: str = ""
+    decided_by: RuleRef | None = None  # the rule whose kind won; None when the op mix chose it
+    params: FrozenMap[str, Any] = FrozenMap()
+    priority: int = 0  # the deciding rule's priority (ties between equal costs go to the higher)
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A kind the rules of a group name, with the strongest permission naming it."""
+
+    kind: str
+    priority: int
+    rule: RuleRef
+    params: FrozenMap[str, Any]
 
 
 class GroupChecker:
-    """Decides whether a set of nodes may be one kernel, and which template renders it."""
+    """Decides whether a set of nodes may be one kernel, and which kind renders it."""
 
     def __init__(self, space: FusionSpace, registry: OpRegistry | None = None,
-                 size_cap: int = DEFAULT_SIZE_CAP) -> None:
+                 size_cap: int = DEFAULT_SIZE_CAP, kinds: KindRegistry | None = None) -> None:
         self.space = space
         self.graph = space.graph
         self.registry = registry or default_registry()
+        self.kinds = kinds or default_kinds()
         self.size_cap = size_cap
         self._defs = {n.name: self.registry[n.op] for n in self.graph.nodes}
         self._cache: dict[frozenset[str], Verdict] = {}
@@ -50,13 +73,15 @@ class GroupChecker:
             self._cache[key] = v
         return v
 
+    def facts(self, nodes: frozenset[str]) -> GroupFacts:
+        return GroupFacts(self.graph, nodes, {n: self._defs[n] for n in nodes}, nodes in self._loops)
+
     def _check(self, nodes: frozenset[str]) -> Verdict:
         if len(nodes) == 1:
-            (n,) = nodes
-            return Verdict(True, "view" if self.is_view(n) else _single_template(self._defs[n].op_class))
+            return self._natural(nodes)
         loop = self._loops.get(nodes)
         if loop is not None:
-            return Verdict(True, loop.template)
+            return self._claimed(nodes, [_Claim(loop.template, 0, loop.rule, loop.params)])
         compute = [n for n in nodes if not self.is_view(n)]
         if len(compute) > self.size_cap:
             return Verdict(False, reason=UnfusedReason.SIZE_CAP, detail=f"{len(compute)} ops > cap {self.size_cap}")
@@ -65,9 +90,42 @@ class GroupChecker:
         bad = self._unpermitted_edge(nodes)
         if bad is not None:
             return Verdict(False, reason=UnfusedReason.NO_RULE, detail=f"{bad[0]} -> {bad[1]} has no rule")
-        if not compute:
-            return Verdict(True, "view")
-        return self._template(nodes, compute)
+        claims = self._claims(nodes) if compute else []
+        return self._claimed(nodes, claims) if claims else self._natural(nodes)
+
+    def _natural(self, nodes: frozenset[str]) -> Verdict:
+        facts = self.facts(nodes)
+        name = natural_kind(facts)
+        verdict = self.kinds[name].accepts(facts)
+        if not verdict.ok:
+            return Verdict(False, reason=UnfusedReason.TEMPLATE, detail=verdict.detail)
+        return Verdict(True, name)
+
+    def _claimed(self, nodes: frozenset[str], claims: list[_Claim]) -> Verdict:
+        """The first claim, by priority then kind order, whose kind accepts the group."""
+        facts = self.facts(nodes)
+        refusals = []
+        for claim in sorted(claims, key=lambda c: (-c.priority, self.kinds.rank(c.kind), c.rule.name)):
+            kind = self.kinds.get(claim.kind)
+            if kind is None:
+                refusals.append(f"{claim.rule.name} names kind {claim.kind!r}, which is not registered")
+                continue
+            answer = kind.accepts(facts)
+            if answer.ok:
+                return Verdict(True, claim.kind, decided_by=claim.rule, params=claim.params, priority=claim.priority)
+            refusals.append(f"{claim.rule.name} names {claim.kind}: {answer.detail}")
+        return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="; ".join(refusals))
+
+    def _claims(self, nodes: frozenset[str]) -> list[_Claim]:
+        """One claim per kind named inside the group: its highest-priority permission's rule and params."""
+        best: dict[str, _Claim] = {}
+        for p in sorted(self._permissions(nodes), key=lambda p: (-p.priority, _order(p.rule))):
+            if p.template and p.template not in best:
+                best[p.template] = _Claim(p.template, p.priority, p.rule, p.params)
+        return list(best.values())
+
+    def _permissions(self, nodes: frozenset[str]) -> list[Permission]:
+        return [p for a in sorted(nodes) for b, perms in self._perms_of.get(a, ()) if b in nodes for p in perms]
 
     def _unpermitted_edge(self, nodes: frozenset[str]) -> tuple[str, str] | None:
         g = self.graph
@@ -79,68 +137,15 @@ class GroupChecker:
                             return (n, c.name)
         return None
 
-    def _template(self, nodes: frozenset[str], compute: Sequence[str]) -> Verdict:
-        g = self.graph
-        opaque = [n for n in compute if self._defs[n].op_class is OpClass.OPAQUE]
-        reductions = [n for n in compute if self._defs[n].op_class is OpClass.REDUCTION]
-        if not opaque:
-            if len(reductions) > 1:
-                return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="more than one reduction in a kernel")
-            return Verdict(True, "reduction" if reductions else "pointwise")
-        if reductions:
-            return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="an opaque core and a reduction")
-        pools = [n for n in opaque if self._defs[n].pooling]
-        if len(opaque) == 2 and len(pools) == 1 and any(self._defs[n].core == "conv" for n in opaque):
-            conv = next(n for n in opaque if n not in pools)
-            if not self._feeds_each_other([conv, pools[0]], nodes):  # (a pool before the conv: a prologue, below)
-                return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="a pooling op apart from the convolution")
-            opaque = [conv]  # the pooling op is the end of the convolution's epilogue
-        cores = {self._defs[n].core for n in opaque}
-        if len(opaque) > 1:
-            first_inputs = {g.node_by_name[n].inputs[0] for n in opaque}
-            if cores == {"gemm"} and len(first_inputs) == 1 and not self._feeds_each_other(opaque, nodes):
-                return Verdict(True, "horizontal_gemm")
-            return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="several opaque cores")
-        core = opaque[0]
-        if not self._defs[core].core:
-            return Verdict(False, reason=UnfusedReason.TEMPLATE, detail=f"{g.node_by_name[core].op} takes no epilogue")
-        # the core reads its inputs from memory: nothing in the group may feed it (views aside)
-        for i in g.node_by_name[core].inputs:
-            p = g.producers.get(i)
-            if p is not None and p.name in nodes and not self.is_view(p.name):
-                return Verdict(False, reason=UnfusedReason.TEMPLATE, detail="prologue into an opaque core")
-        return Verdict(True, f"{self._defs[core].core}_epilogue")
-
-    def _feeds_each_other(self, opaque: Sequence[str], nodes: frozenset[str]) -> bool:
-        g = self.graph
-        targets = set(opaque)
-        for n in opaque:
-            stack = [c.name for o in g.node_by_name[n].outputs for c in g.consumers.get(o, ())]
-            seen: set[str] = set()
-            while stack:
-                m = stack.pop()
-                if m in seen or m not in nodes:
-                    continue
-                if m in targets:
-                    return True
-                seen.add(m)
-                stack.extend(c.name for o in g.node_by_name[m].outputs for c in g.consumers.get(o, ()))
-        return False
-
     def rules_of(self, nodes: Iterable[str]) -> tuple[RuleRef, ...]:
         """The rules whose permissions are used inside the group, in a stable order."""
-        members = set(nodes)
-        for loop in self.space.loops:
-            if loop.nodes == members:
-                return (loop.rule,)
-        refs: dict[RuleRef, None] = {}
-        for a in members:
-            for b, perms in self._perms_of.get(a, ()):
-                if b in members:
-                    for p in perms:
-                        refs[p.rule] = None
-        return tuple(sorted(refs, key=lambda r: (r.file, r.line, r.name)))
+        members = frozenset(nodes)
+        loop = self._loops.get(members)
+        if loop is not None:
+            return (loop.rule,)
+        refs = dict.fromkeys(p.rule for p in self._permissions(members))
+        return tuple(sorted(refs, key=_order))
 
 
-def _single_template(op_class: OpClass) -> str:
-    return {OpClass.REDUCTION: "reduction", OpClass.OPAQUE: "opaque"}.get(op_class, "pointwise")
+def _order(rule: RuleRef) -> tuple[str, int, str]:
+    return (rule.file, rule.line, rule.name)

@@ -4,7 +4,7 @@ regions once), check the whole plan, and explain every adjacent pair left unfuse
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from autofusion.decide.cost import AnalyticCostModel, CostModel
@@ -16,6 +16,7 @@ from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
 from autofusion.engine.space import FusionSpace
 from autofusion.ir.graph import FrozenMap, Graph
 from autofusion.ir.types import TensorType
+from autofusion.kinds import KindRegistry
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
@@ -88,20 +89,24 @@ def decide(
     size_cap: int = DEFAULT_SIZE_CAP,
     registry: OpRegistry | None = None,
     reuse_regions: bool = True,
+    kinds: KindRegistry | None = None,
 ) -> Plan:
-    """Choose a fusion plan within ``space`` under ``cost_model``."""
+    """Choose a fusion plan within ``space`` under ``cost_model``; ``kinds`` are the kernel kinds
+    rules may name (default: the built-in ones)."""
     registry = registry or default_registry()
     graph = space.graph
     model = cost_model or AnalyticCostModel(registry=registry)
     solver = get_strategy(strategy) if isinstance(strategy, str) else strategy
-    checker = GroupChecker(space, registry, size_cap)
+    checker = GroupChecker(space, registry, size_cap, kinds)
     cost_cache: dict[frozenset[str], CostBreakdown] = {}
+
+    def price(nodes: Collection[str]) -> CostBreakdown:
+        return model.group_cost(graph, sorted(nodes))
 
     def cost_of(nodes: frozenset[str]) -> CostBreakdown:
         c = cost_cache.get(nodes)
         if c is None:
-            c = model.group_cost(graph, sorted(nodes))
-            cost_cache[nodes] = c
+            c = cost_cache[nodes] = _kind_cost(checker, nodes, price)
         return c
 
     def seconds(nodes: frozenset[str]) -> float:
@@ -139,6 +144,7 @@ def decide(
         cost_of=lambda ns: cost_of(frozenset(ns)),
         kind_of=lambda ns: _kind(space, checker, ns),
         registry=registry,
+        decision_of=lambda ns: (checker.check(ns).decided_by, checker.check(ns).params),
     )
     before = _total(cost_of(frozenset([n.name])) for n in graph.nodes)
     after = _total(g.cost for g in groups)
@@ -150,7 +156,23 @@ def decide(
         "cost_model": getattr(model, "name", type(model).__name__),
         "notes": notes,
     }
-    return Plan(graph, groups, before, after, unfused, getattr(solver, "name", str(strategy)), FrozenMap(stats))
+    return Plan(graph, groups, before, after, unfused, getattr(solver, "name", str(strategy)), FrozenMap(stats),
+                checker.kinds, registry)
+
+
+def _kind_cost(checker: GroupChecker, nodes: frozenset[str],
+               price: Callable[[Collection[str]], CostBreakdown]) -> CostBreakdown:
+    """The group's cost: its kind's own estimate when the kind gives one, else the cost model's."""
+    if len(nodes) > 1:
+        verdict = checker.check(nodes)
+        kind = checker.kinds.get(verdict.template) if verdict.ok else None
+        if kind is not None and kind.cost is not None:
+            cost = kind.cost(checker.facts(nodes), price)
+            if not isinstance(cost, CostBreakdown):
+                raise TypeError(f"kernel kind {kind.name!r}: cost() returned {type(cost).__name__}, "
+                                "not a CostBreakdown")
+            return cost
+    return price(nodes)
 
 
 def _pairs_by_region(space: FusionSpace, regions: list[tuple[str, ...]]) -> list[tuple[tuple[str, str], ...]]:

@@ -14,6 +14,9 @@ from typing import Any
 
 from autofusion.engine.space import RuleRef, UnfusedReason
 from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.kinds import KindRegistry, default_kinds
+from autofusion.ops.catalog import default_registry
+from autofusion.ops.registry import OpRegistry
 
 __all__ = ["RuleRef", "UnfusedReason"]  # (also named here: plans carry both)
 
@@ -42,7 +45,8 @@ class FusedGroup:
 
     ``nodes`` are node names in topological order; ``inputs`` the tensors it reads from memory
     (graph inputs, constants, other groups' outputs); ``outputs`` the tensors it writes.
-    ``template`` names the kernel template that renders it; ``rules`` the rules that allowed it.
+    ``template`` names the kernel kind that renders it; ``rules`` the rules that allowed it;
+    ``decided_by`` the rule whose kind and ``params`` won (None when the op mix chose the kind).
     """
 
     name: str
@@ -54,6 +58,7 @@ class FusedGroup:
     rules: tuple[RuleRef, ...] = ()
     params: FrozenMap[str, Any] = field(default_factory=FrozenMap)
     cost: CostBreakdown = ZERO_COST
+    decided_by: RuleRef | None = None
 
     @property
     def fused(self) -> bool:
@@ -79,6 +84,17 @@ class Plan:
     unfused: tuple[UnfusedPair, ...] = ()
     strategy: str = ""
     stats: FrozenMap[str, Any] = field(default_factory=FrozenMap)
+    kinds: KindRegistry = field(default_factory=default_kinds, compare=False, repr=False)  # what renders the groups
+    registry: OpRegistry = field(default_factory=default_registry, compare=False, repr=False)  # the graph's ops
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the op registry and the kinds hold functions: a pickled plan (a bench worker's job) leaves
+        # them out and takes the built-in ones back; bench/worker.py puts the plugins' back
+        return {k: v for k, v in self.__dict__.items() if k not in ("kinds", "registry")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in {**state, "kinds": default_kinds(), "registry": default_registry()}.items():
+            object.__setattr__(self, key, value)
 
     @property
     def kernels(self) -> int:
@@ -108,6 +124,7 @@ class Plan:
                     "kind": g.kind,
                     "rules": [asdict(r) for r in g.rules],
                     "params": dict(g.params),
+                    "decided_by": asdict(g.decided_by) if g.decided_by else None,
                     "cost": cost(g.cost),
                 }
                 for g in self.groups

@@ -19,6 +19,7 @@ from autofusion.decide.legality import GroupChecker
 from autofusion.decide.partition import Partition
 
 EPS = 1e-12
+PRIORITY_CREDIT_US = 1e-3  # the exact solver's tie-break, in microseconds per unit of priority
 
 
 @dataclass
@@ -53,6 +54,30 @@ def _merge_delta(region: Region, p: Partition, a: str, b: str) -> float | None:
     return region.cost(merged) - region.cost(ga) - region.cost(gb)
 
 
+def _merge_key(region: Region, p: Partition, a: str, b: str) -> tuple[float, int] | None:
+    """(cost change, -priority) of merging the groups of ``a`` and ``b`` when the merge is worth
+    taking: it lowers the cost, or leaves it equal and the merged group's rule has a positive
+    priority (priority breaks ties); None otherwise."""
+    d = _merge_delta(region, p, a, b)
+    if d is None or d > EPS:
+        return None
+    priority = region.checker.check(p.members(a) | p.members(b)).priority
+    if d >= -EPS and priority <= 0:
+        return None
+    return (d, -priority)
+
+
+def _priority(region: Region, groups: Sequence[frozenset[str]]) -> int:
+    """The priorities of the rules that decided the fused groups, summed (ties between equal costs)."""
+    return sum(region.checker.check(g).priority for g in groups if len(g) > 1)
+
+
+def _tie_rank(region: Region, groups: Sequence[frozenset[str]]) -> tuple[int, int]:
+    """How partitions of equal cost rank, lower first: higher priority, then fewer fused nodes (a
+    merge that saves nothing is taken only when its rule has a positive priority, as in greedy)."""
+    return (-_priority(region, groups), sum(len(g) for g in groups if len(g) > 1))
+
+
 def _region_groups(region: Region, p: Partition) -> list[frozenset[str]]:
     return list({p.members(n) for n in region.nodes})
 
@@ -75,7 +100,7 @@ class Greedy:
         for pair in merges[: self.restarts]:
             groups, _ = self._run(region, partition, frozenset([pair]))
             cost = region.partition_cost(groups)
-            if cost < best_cost - EPS:
+            if cost < best_cost - EPS or (cost <= best_cost + EPS and _tie_rank(region, groups) < _tie_rank(region, best)):
                 best, best_cost = groups, cost
         return best
 
@@ -83,7 +108,7 @@ class Greedy:
     def _run(region: Region, partition: Partition,
              banned: frozenset[tuple[str, str]]) -> tuple[list[frozenset[str]], list[tuple[str, str]]]:
         p = partition.copy()
-        heap: list[tuple[float, int, str, str]] = []
+        heap: list[tuple[float, int, int, str, str]] = []
         counter = itertools.count()
         touching: dict[str, list[tuple[str, str]]] = {}
         pairs = [pair for pair in region.pairs if pair not in banned]
@@ -91,17 +116,17 @@ class Greedy:
             touching.setdefault(pair[0], []).append(pair)
             touching.setdefault(pair[1], []).append(pair)
         for a, b in pairs:
-            d = _merge_delta(region, p, a, b)
-            if d is not None and d < -EPS:
-                heapq.heappush(heap, (d, next(counter), a, b))
+            key = _merge_key(region, p, a, b)
+            if key is not None:
+                heapq.heappush(heap, (*key, next(counter), a, b))
         merges: list[tuple[str, str]] = []
         while heap:
-            d, _, a, b = heapq.heappop(heap)
-            now = _merge_delta(region, p, a, b)
-            if now is None or now >= -EPS:
+            d, rank, _, a, b = heapq.heappop(heap)
+            now = _merge_key(region, p, a, b)
+            if now is None:
                 continue
-            if now > d + EPS:  # stale: groups changed since it was computed
-                heapq.heappush(heap, (now, next(counter), a, b))
+            if now[0] > d + EPS or (now[0] >= d - EPS and now[1] > rank):  # stale: the groups changed
+                heapq.heappush(heap, (*now, next(counter), a, b))
                 continue
             if not p.can_merge(a, b):
                 continue
@@ -109,9 +134,9 @@ class Greedy:
             merges.append((a, b))
             for m in p.members(rep):  # re-offer merges that touch the grown group
                 for x, y in touching.get(m, ()):
-                    dd = _merge_delta(region, p, x, y)
-                    if dd is not None and dd < -EPS:
-                        heapq.heappush(heap, (dd, next(counter), x, y))
+                    key = _merge_key(region, p, x, y)
+                    if key is not None:
+                        heapq.heappush(heap, (*key, next(counter), x, y))
         return _region_groups(region, p), merges
 
 
@@ -132,18 +157,22 @@ class Beam:
             children: dict[frozenset[frozenset[str]], tuple[float, Partition]] = {}
             for total, p in beam:
                 for a, b in region.pairs:
-                    d = _merge_delta(region, p, a, b)
-                    if d is None or d >= -EPS or not p.can_merge(a, b):
+                    merge = _merge_key(region, p, a, b)
+                    if merge is None or not p.can_merge(a, b):
                         continue
                     q = p.copy()
                     q.merge(a, b)
                     key = q.key()
                     if key not in children:
-                        children[key] = (total + d, q)
+                        children[key] = (total + merge[0], q)
             if not children:
                 break
-            beam = sorted(children.values(), key=lambda t: t[0])[: self.width]
-            if beam[0][0] < best[0] - EPS:
+
+            def rank(t: tuple[float, Partition]) -> tuple[float, tuple[int, int]]:
+                return (round(t[0] / EPS) * EPS, _tie_rank(region, _region_groups(region, t[1])))
+
+            beam = sorted(children.values(), key=rank)[: self.width]
+            if rank(beam[0]) < rank(best):
                 best = beam[0]
         return _region_groups(region, best[1])
 
@@ -234,7 +263,8 @@ class DynamicProgramming:
                         continue  # a member waits on an unplaced node outside the group
                     sub_cost, sub = best(rest - grp)
                     c = region.cost(grp) + sub_cost
-                    if c < choice[0] - EPS:
+                    if c < choice[0] - EPS or (c <= choice[0] + EPS and _tie_rank(region, (grp, *sub))
+                                               < _tie_rank(region, choice[1])):
                         choice = (c, (grp, *sub))
             memo[rest] = choice
             return choice
@@ -247,6 +277,10 @@ class DynamicProgramming:
         if cost == float("inf"):
             return [frozenset([n]) for n in region.nodes]
         return list(chosen)
+
+
+def _tie_charge(priority: int) -> float:
+    return PRIORITY_CREDIT_US * (-priority if priority > 0 else 1)
 
 
 class _TooBig(Exception):
@@ -272,6 +306,9 @@ class ExactILP:
             return Beam().solve(region, partition)
         index = {n: i for i, n in enumerate(region.nodes)}
         costs = np.array([region.cost(gr) for gr in groups]) * 1e6  # microseconds: solver tolerances are absolute
+        # ties as in greedy: a nanosecond's credit per unit of a positive priority, a nanosecond's
+        # charge for a fused group without one (far below any real difference in cost)
+        costs += np.array([_tie_charge(region.checker.check(gr).priority) if len(gr) > 1 else 0.0 for gr in groups])
         cover = np.zeros((len(region.nodes), len(groups)))
         for j, gr in enumerate(groups):
             for n in gr:

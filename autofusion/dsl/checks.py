@@ -22,7 +22,7 @@ from autofusion.dsl.ir import (
     walk,
 )
 from autofusion.dsl.lower import Statement
-from autofusion.dsl.templates import known_templates
+from autofusion.kinds import KindRegistry, default_kinds
 from autofusion.ops.registry import OpDef, OpRegistry
 
 
@@ -172,9 +172,17 @@ def report_unused(own_terms: Iterable[Term], used: set[str], sink: Sink, attr_us
 class RuleChecker:
     """Checks of expanded rules: bindings, structure, guards and templates."""
 
-    def __init__(self, registry: OpRegistry, sink: Sink) -> None:
+    def __init__(self, registry: OpRegistry, sink: Sink, kinds: KindRegistry | None = None) -> None:
         self.registry = registry
         self.sink = sink
+        self.kinds = kinds or default_kinds()
+        self.rule_kinds = frozenset(n for n in self.kinds.names() if n != "view")  # views are no rule's kind
+
+    def params(self, rule: FusionRule, st: Statement) -> None:
+        """Each template param is one the kind takes, with a value of its type (F026)."""
+        spans = dict(st.param_spans)
+        for name, why in self.kinds[rule.template].param_problems(rule.params):
+            self.sink.add("F026", why, spans.get(name, st.template_span or st.span))
 
     def rewrite(self, raw: Rewrite, rw: Rewrite, st: Statement, inherited: g.Guard | None) -> None:
         sink = self.sink
@@ -222,12 +230,14 @@ class RuleChecker:
 
     def fusion(self, raw: FusionRule, rule: FusionRule, st: Statement, inherited: g.Guard | None) -> None:
         sink = self.sink
-        if rule.template and rule.template not in known_templates():
-            known = ", ".join(sorted(known_templates()))
-            sink.add("F012", f"unknown template {rule.template!r}{did_you_mean(rule.template, known_templates())} "
+        if rule.template and rule.template not in self.rule_kinds:
+            known = ", ".join(sorted(self.rule_kinds))
+            sink.add("F012", f"unknown template {rule.template!r}{did_you_mean(rule.template, self.rule_kinds)} "
                      f"(known: {known})", st.template_span or st.span)
         elif not rule.template and rule.kind != "class":
             sink.add("F012", f"a {rule.kind} fusion needs '-> template \"NAME\"'", st.span)
+        elif rule.template:
+            self.params(rule, st)
         if rule.kind == "class":  # its guard reads the two nodes by role
             check_guard(rule.guard, {"consumer": Ty.NODE, "producer": Ty.NODE}, sink, f"rule {rule.name}")
             return

@@ -199,6 +199,12 @@ _TABLE = [
          "The matched node has no such output.",
          "pattern p = Relu(x)[1]",
          "Index only multi-output ops, below their output count."),
+    Code("F026", "bad-kernel-param", E,
+         "A template param (`-> template \"gemm_epilogue\" (tile_m=64)`) that the kernel kind does not "
+         "take, or a value of the wrong type or out of range.",
+         "The kind could not render the group with it; the param would be ignored or the kernel refused.",
+         "fuse f: Relu -> Tanh -> template \"pointwise\" (tile_m=64)",
+         "Use a param the message lists for the kind, with a value of its type."),
 ]
 
 CODES: Mapping[str, Code] = {c.code: c for c in _TABLE}

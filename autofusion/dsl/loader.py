@@ -18,6 +18,7 @@ from autofusion.dsl.lower import Statement
 from autofusion.dsl.parser import parse_text
 from autofusion.dsl.program import Program, compile_program
 from autofusion.dsl.span import Span
+from autofusion.kinds import KindRegistry
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 from autofusion.resources import data_dir
@@ -130,29 +131,32 @@ class Analysis:
         return [d for d in self.diagnostics if d.is_error]
 
 
-def analyze(paths: Sequence[PathLike], verify: bool = True, registry: OpRegistry | None = None) -> Analysis:
-    """Load, check and (with ``verify``) numerically verify the rule files ``paths`` as one program."""
+def analyze(paths: Sequence[PathLike], verify: bool = True, registry: OpRegistry | None = None,
+            kinds: KindRegistry | None = None) -> Analysis:
+    """Load, check and (with ``verify``) numerically verify the rule files ``paths`` as one program;
+    ``kinds`` are the kernel kinds its rules may name (default: the built-in ones)."""
     sink = Sink()
     loader = _Loader(sink)
     for f in collect_files(paths):
         loader.load(f)
-    return _finish(loader, sink, verify, registry)
+    return _finish(loader, sink, verify, registry, kinds)
 
 
 def analyze_text(text: str, name: str = "<input>.fuse", verify: bool = True,
-                 registry: OpRegistry | None = None) -> Analysis:
+                 registry: OpRegistry | None = None, kinds: KindRegistry | None = None) -> Analysis:
     """Like :func:`analyze` for rule text that is not in a file; imports resolve next to ``name``."""
     sink = Sink()
     loader = _Loader(sink)
     loader.load(Path(name), text=text)
-    return _finish(loader, sink, verify, registry)
+    return _finish(loader, sink, verify, registry, kinds)
 
 
-def _finish(loader: _Loader, sink: Sink, verify: bool, registry: OpRegistry | None) -> Analysis:
+def _finish(loader: _Loader, sink: Sink, verify: bool, registry: OpRegistry | None,
+            kinds: KindRegistry | None) -> Analysis:
     registry = registry or default_registry()
     statements = [st for key in loader.order for st in loader.loaded[key]]
     files = [loader.names[k] for k in loader.order]
-    program = compile_program(statements, files, registry, sink)
+    program = compile_program(statements, files, registry, sink, kinds)
     if verify:
         from autofusion.dsl.numeric_check import verify_program
 
@@ -160,17 +164,19 @@ def _finish(loader: _Loader, sink: Sink, verify: bool, registry: OpRegistry | No
     return Analysis(program, sink.sorted())
 
 
-def check_paths(paths: Sequence[PathLike], verify: bool = True, registry: OpRegistry | None = None) -> list[Diagnostic]:
+def check_paths(paths: Sequence[PathLike], verify: bool = True, registry: OpRegistry | None = None,
+                kinds: KindRegistry | None = None) -> list[Diagnostic]:
     """Every diagnostic for the rule files (directories walked for ``*.fuse``), sorted by position.
 
     >>> from autofusion.dsl import check_paths
     >>> check_paths([]) == []
     True
     """
-    return analyze(paths, verify, registry).diagnostics
+    return analyze(paths, verify, registry, kinds).diagnostics
 
 
-def load_rules(paths: Sequence[PathLike] | None = None, registry: OpRegistry | None = None) -> RuleSet:
+def load_rules(paths: Sequence[PathLike] | None = None, registry: OpRegistry | None = None,
+               kinds: KindRegistry | None = None) -> RuleSet:
     """The RuleSet of ``paths`` (None: the shipped library); raises RuleError if there are errors.
 
     Loading does not run numerical verification (``autofusion-rules check`` does).
@@ -182,7 +188,7 @@ def load_rules(paths: Sequence[PathLike] | None = None, registry: OpRegistry | N
     """
     if paths is None:
         paths = [data_dir("rules")]
-    analysis = analyze(paths, verify=False, registry=registry)
+    analysis = analyze(paths, verify=False, registry=registry, kinds=kinds)
     if analysis.errors:
         raise RuleError(analysis.diagnostics)
     return analysis.program.ruleset

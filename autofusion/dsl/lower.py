@@ -55,6 +55,7 @@ class Statement:
     doc: str = ""
     wildcards: frozenset[str] = frozenset()
     template_span: Span | None = None
+    param_spans: tuple[tuple[str, Span], ...] = ()  # each template param's name and where it is written
     member_spans: tuple[Span, ...] = ()
     broken: bool = False  # lowering already found an error in it
 
@@ -127,12 +128,14 @@ class Lowerer:
         name, body, template, guard, priority = tree.children
         tname, tspan = "", None
         params: FrozenMap[str, Any] = FrozenMap()
+        pspans: tuple[tuple[str, Span], ...] = ()
         if template is not None:
             tok, tparams = template.children[1], template.children[2]
             tname, tspan = _unquote(str(tok)), self.span(tok)
             if tparams is not None:
-                params = FrozenMap((str(p.children[0]), self.const_value(p.children[1]))
-                                   for p in tparams.children if isinstance(p, Tree))
+                written = [p for p in tparams.children if isinstance(p, Tree)]
+                params = FrozenMap((str(p.children[0]), self.const_value(p.children[1])) for p in written)
+                pspans = tuple((str(p.children[0]), self.span(p)) for p in written)
         common: dict[str, Any] = dict(template=tname, params=params, priority=self.priority(priority),
                                       guard=self.guard(guard), doc=doc, span=self.span(tree))
         lowered = self.body(body)
@@ -149,7 +152,7 @@ class Lowerer:
         else:
             node = FusionRule(str(name), "linear", pattern=lowered, **common)
         return Statement("fuse", str(name), node, self.span(tree), self.span(name), self.file, doc,
-                         template_span=tspan)
+                         template_span=tspan, param_spans=pspans)
 
     def priority(self, tree: Tree | None) -> int:
         if tree is None:

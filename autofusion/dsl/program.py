@@ -20,6 +20,7 @@ from autofusion.dsl.lower import Statement
 from autofusion.dsl.match import canonical, covers
 from autofusion.dsl.resolve import BUILTIN_CLASSES, Resolver, build_classes, collect_patterns
 from autofusion.ir.graph import FrozenMap
+from autofusion.kinds import KindRegistry
 from autofusion.ops.registry import OpRegistry
 
 
@@ -52,7 +53,8 @@ class _Errors:
         return sum(d.is_error for d in self.sink.items) == self.mark
 
 
-def compile_program(statements: list[Statement], files: list[str], registry: OpRegistry, sink: Sink) -> Program:
+def compile_program(statements: list[Statement], files: list[str], registry: OpRegistry, sink: Sink,
+                    kinds: KindRegistry | None = None) -> Program:
     """Check and assemble every statement (imports already resolved, in load order)."""
     classes = build_classes(statements, registry, sink)
     resolver = Resolver(registry, classes, {st.name for st in statements if st.kind == "pattern"}, sink)
@@ -66,7 +68,7 @@ def compile_program(statements: list[Statement], files: list[str], registry: OpR
             broken.add(id(st))
     patterns = collect_patterns(statements)
     expander = Expander(patterns, sink)
-    rules = RuleChecker(registry, sink)
+    rules = RuleChecker(registry, sink, kinds)
     compiled: list[Compiled] = []
     for st in statements:
         if st.kind in ("import", "class"):

@@ -99,12 +99,9 @@ def builtin_classes() -> tuple[str, ...]:
 
 def templates() -> Mapping[str, str]:
     """Kernel template names a fusion rule may name, with a one-line description each."""
-    from autofusion.dsl import templates as table
+    from autofusion.kinds import default_kinds
 
-    described = getattr(table, "KNOWN_TEMPLATES", None)
-    if described is not None:
-        return dict(described)
-    return {name: "" for name in sorted(table.known_templates())}
+    return {kind.name: kind.summary for kind in default_kinds() if kind.name != "view"}
 
 
 _DEFINITION = re.compile(r"^[ \t]*(class|pattern)[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)

@@ -165,7 +165,8 @@ class FusionMatcher:
         blocked: dict[tuple[str, str], Blocked] = {}
         loops: list[LoopCandidate] = []
         for rule, kind, patterns, guard in compiled:
-            perm = Permission(rule_ref(rule), rule.template, "branch" if kind == "branch" else "linear", rule.priority)
+            perm = Permission(rule_ref(rule), rule.template, "branch" if kind == "branch" else "linear", rule.priority,
+                              rule.params)
             all_matches: list[list[Match]] = []
             # a branch's guard reads every member at once: it is checked when members are combined
             row_guard = None if kind == "branch" else guard

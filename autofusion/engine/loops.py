@@ -48,7 +48,7 @@ def chain_cells(
             index = {n.name: i for i, n in enumerate(graph.nodes)}
             cells = tuple(tuple(sorted(complete[r][0] | _input_slices(graph, complete[r][0]), key=index.__getitem__))
                           for r in chain)
-            out.append(LoopCandidate(ref, rule.template or "lstm_scan", cells))
+            out.append(LoopCandidate(ref, rule.template or "lstm_scan", cells, rule.params))
     return out
 
 

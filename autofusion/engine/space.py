@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from autofusion.ir.graph import FrozenMap, Graph
 
@@ -48,6 +49,7 @@ class Permission:
     template: str = ""
     kind: str = "linear"  # linear | branch | loop
     priority: int = 0
+    params: FrozenMap[str, Any] = field(default_factory=FrozenMap)  # the rule's (name=value) for its kind
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class LoopCandidate:
     rule: RuleRef
     template: str
     steps: tuple[tuple[str, ...], ...]
+    params: FrozenMap[str, Any] = field(default_factory=FrozenMap)
 
     @property
     def nodes(self) -> frozenset[str]:

@@ -103,6 +103,9 @@ class OpDef:
     core: str = ""  # "gemm" or "conv": a matrix-product core that a kernel's epilogue may follow
     pooling: bool = False  # a pooling window, which may end a convolution's epilogue
     const_inputs: tuple[int, ...] = ()  # inputs shape inference must know the value of
+    # how a backend ("c", "triton") computes an elementwise op the code generators do not know (a
+    # plugin's): a format of the inputs' expressions, {0}, {1}, ..., in float32
+    spelling: Mapping[str, str] = field(default_factory=dict)
     doc: str = ""
 
     @property

@@ -29,7 +29,6 @@ from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import TritonKernel, render_triton_group
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.ir.interpreter import check_feeds
-from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
 _INTERPRETER_LOCK = threading.Lock()  # the interpreter's patching of triton.language is process-wide
@@ -57,7 +56,7 @@ class TritonModel:
         import torch  # noqa: F401  (fails early with ImportError when the gpu extra is missing)
 
         self.plan, self.device = plan, device
-        self.registry = registry or default_registry()
+        self.registry = registry or plan.registry
         self._dir = directory or Path(tempfile.mkdtemp(prefix="autofusion_triton_"))
         steps = []
         for group in plan.groups:
@@ -65,7 +64,7 @@ class TritonModel:
                 steps.append(_Step(group, None, reason="view"))
                 continue
             try:
-                kernel = render_triton_group(plan.graph, group, registry=self.registry)
+                kernel = render_triton_group(plan.graph, group, registry=self.registry, kinds=plan.kinds)
             except CodegenError as e:
                 if not fallback:
                     raise

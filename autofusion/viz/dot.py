@@ -13,33 +13,17 @@ digraph "g" {
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
-
-# one fill colour per template (pastel, readable with black text); others cycle through EXTRA_COLOURS
-TEMPLATE_COLOURS: Mapping[str, str] = {
-    "pointwise": "#cfe8ff",
-    "reduction": "#d9f2d0",
-    "gemm_epilogue": "#ffe2b8",
-    "conv_epilogue": "#ffd6d1",
-    "horizontal_gemm": "#f3d9ff",
-    "multi_output": "#fff3b0",
-    "lstm_scan": "#c9f0ec",
-    "opaque": "#eeeeee",
-    "view": "#f7f7f7",
-}
-EXTRA_COLOURS = ("#e6d3c1", "#d1d9ff", "#ffd1ec", "#dff5b8", "#c4e3f3", "#f5e0c4")
+from autofusion.kinds import KindRegistry, default_kinds
 
 
-def template_colour(template: str) -> str:
-    """The fill colour the pictures and the report use for kernels of ``template``."""
-    known = TEMPLATE_COLOURS.get(template)
-    if known is not None:
-        return known
-    return EXTRA_COLOURS[sum(template.encode()) % len(EXTRA_COLOURS)]
+def template_colour(template: str, kinds: KindRegistry | None = None) -> str:
+    """The fill colour the pictures and the report use for kernels of kind ``template``."""
+    return (kinds or default_kinds()).colour(template)
 
 
 def quote(text: str) -> str:
@@ -141,7 +125,7 @@ def plan_dot(plan: Plan, title: str | None = None) -> str:
     internal: set[str] = set()
     for index, group in enumerate(plan.groups):
         members = [graph.node_by_name[n] for n in group.nodes]
-        colour = template_colour(group.template)
+        colour = template_colour(group.template, plan.kinds)
         if not group.fused:
             fill = "#f7f7f7" if group.template == "view" else None
             lines.append(f"  {_node_line(ids, members[0], fill)}")

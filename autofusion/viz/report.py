@@ -15,6 +15,7 @@ from typing import Any
 
 from autofusion import __version__
 from autofusion.decide.plan import Plan
+from autofusion.kinds import KindRegistry
 from autofusion.viz.dot import legend_templates, template_colour
 from autofusion.viz.render import inline_svg
 from autofusion.viz.style import CSS, SORT_SCRIPT
@@ -113,8 +114,8 @@ def _num(value: float, text: str) -> str:
     return f'<td class="num" data-v="{value!r}">{esc(text)}</td>'
 
 
-def _swatch(template: str) -> str:
-    return f'<span class="swatch" style="background:{template_colour(template)}"></span>{esc(template)}'
+def _swatch(template: str, kinds: KindRegistry | None = None) -> str:
+    return f'<span class="swatch" style="background:{template_colour(template, kinds)}"></span>{esc(template)}'
 
 
 def _ops_text(ops: Sequence[str], limit: int = 12) -> str:
@@ -134,7 +135,7 @@ def _kernels(plan: Plan) -> str:
         share = g.cost.seconds / total
         ops = [graph.node_by_name[n].op for n in g.nodes]
         rows.append(
-            f"<tr>{_num(i, str(i))}<td class=\"mono\">{esc(g.name)}</td><td>{_swatch(g.template)}</td>"
+            f"<tr>{_num(i, str(i))}<td class=\"mono\">{esc(g.name)}</td><td>{_swatch(g.template, plan.kinds)}</td>"
             f"<td>{esc(g.kind)}</td><td class=\"ops\" title=\"{esc(' '.join(ops))}\">{esc(_ops_text(ops))}</td>"
             f"{_num(len(g.nodes), str(len(g.nodes)))}{_num(g.cost.bytes, human_bytes(g.cost.bytes))}"
             f"{_num(g.cost.flops, human_count(g.cost.flops))}{_num(g.cost.launches, str(g.cost.launches))}"
@@ -221,7 +222,7 @@ def _pictures(plan: Plan, pictures: Sequence[Picture]) -> str:
     shown = [p for p in pictures if p.svg is not None]
     legend = ""
     if shown:
-        swatches = "".join(f"<span>{_swatch(t)}</span>" for t in legend_templates(plan.groups))
+        swatches = "".join(f"<span>{_swatch(t, plan.kinds)}</span>" for t in legend_templates(plan.groups))
         legend = (f'<div class="legend">Fused kernels are drawn as boxes coloured by template: {swatches or "none"}'
                   "</div><div class=\"legend\">Dashed edges are tensors that stay inside a kernel; solid ones are "
                   "written to memory.</div>")

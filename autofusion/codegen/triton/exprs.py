@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import tindex as ix
-from autofusion.codegen.triton.ops import ELEMENTWISE, TL_DTYPES, cast_expr
+from autofusion.codegen.triton.ops import ELEMENTWISE, TL_DTYPES, cast_expr, spelled
 from autofusion.codegen.triton.tindex import Index
 from autofusion.decide.plan import FusedGroup
 from autofusion.ir.graph import Graph, Node
@@ -107,7 +107,7 @@ class Exprs:
             return self.bind(f"tl.where({c}, {a}, {b})")
         if op == "Clip":
             return self._clip(node, idx)
-        fn = ELEMENTWISE.get(op)
+        fn = ELEMENTWISE.get(op) or spelled(self.registry[op].spelling.get("triton", ""))
         if fn is None:
             raise self.error(f"op {op} is not supported by the Triton backend", node)
         in_dtype = self.graph.type_of(node.inputs[0]).dtype

@@ -30,6 +30,13 @@ def _float(fmt: str) -> OpFn:
     return fn
 
 
+def spelled(fmt: str) -> OpFn | None:
+    """The OpFn of an op that spells its Triton expression itself (``OpDef.spelling["triton"]``)."""
+    if not fmt:
+        return None
+    return lambda a, attrs, dt: fmt.format(*(f"({x})" for x in a)) if dt == DType.FLOAT32 else None
+
+
 def _any(fmt: str) -> OpFn:
     return lambda a, attrs, dt: fmt.format(*a)
 

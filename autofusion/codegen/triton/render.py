@@ -1,4 +1,5 @@
-"""From a fused group to a Triton kernel module: pointwise, reduction and gemm_epilogue groups.
+"""From a fused group to a Triton kernel module: the group's kind names the renderer (the built-in
+kinds with one here: pointwise, reduction, multi_output and gemm_epilogue).
 
 Each kernel is one Python module rendered from ``templates/triton``: a ``@triton.jit`` function and
 a ``launch`` function holding its (static) grid. Inputs and outputs are contiguous tensors.
@@ -18,10 +19,11 @@ from autofusion.codegen.triton.templates import TritonTemplates
 from autofusion.codegen.triton.text import py_comment, py_ident
 from autofusion.decide.plan import FusedGroup
 from autofusion.ir.graph import Graph
+from autofusion.kinds import KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
-TRITON_TEMPLATES = frozenset({"pointwise", "reduction", "gemm_epilogue", "multi_output"})
+BACKEND = "triton"
 POINTWISE_BLOCK = 128
 
 
@@ -40,28 +42,42 @@ def group_comment(group: FusedGroup) -> str:
     return py_comment(f"group {group.name} [{group.template}]: {len(group.nodes)} nodes; rules: {rules}")
 
 
+def triton_kinds(kinds: KindRegistry | None = None) -> tuple[str, ...]:
+    """The kinds the Triton backend renders."""
+    return tuple(k.name for k in kinds or default_kinds() if k.renderers.get(BACKEND) is not None)
+
+
 def render_triton_group(graph: Graph, group: FusedGroup, templates: TritonTemplates | None = None,
-                        registry: OpRegistry | None = None) -> TritonKernel:
+                        registry: OpRegistry | None = None, kinds: KindRegistry | None = None) -> TritonKernel:
     """The Triton kernel of ``group``, or CodegenError naming the template it cannot render."""
     registry = registry or default_registry()
+    kinds = kinds or default_kinds()
     templates = templates or TritonTemplates()
     names = NameTable("t_")
     params = tuple(dict.fromkeys(t for t in group.inputs + group.outputs if t))
     idents = [names(t) for t in params]
     ex = Exprs(graph, group, registry, names)
-    if group.template not in TRITON_TEMPLATES:
-        raise ex.error("the Triton backend renders only " + ", ".join(sorted(TRITON_TEMPLATES)))
+    kind = kinds.get(group.template)
+    renderer = kind.renderer(BACKEND) if kind is not None else None
+    if renderer is None:
+        raise ex.error("the Triton backend renders only " + ", ".join(sorted(triton_kinds(kinds))))
     for n in group.nodes:
         if graph.node_by_name[n].op not in registry:
             raise ex.error("op is not in the op registry", graph.node_by_name[n])
     ctx: dict[str, object] = dict(comment=group_comment(group), name=py_ident(group.name, "k_"), params=idents)
-    if group.template == "gemm_epilogue":
-        ctx.update(render_gemm(ex, names))
-    elif red.find_reduction(ex) is not None:
-        ctx.update(red.render_reduction(ex, names))
-    else:
-        ctx.update(_render_pointwise(ex, names))
+    ctx.update(renderer(ex, names))
     return TritonKernel(str(ctx["name"]), group, templates.render(str(ctx.pop("template")), **ctx), params)
+
+
+def render_loop_nest(ex: Exprs, names: NameTable) -> dict[str, object]:
+    """Pointwise, reduction and multi_output groups: one reduction's rows, else flat blocks."""
+    if red.find_reduction(ex) is not None:
+        return red.render_reduction(ex, names)
+    return _render_pointwise(ex, names)
+
+
+def render_gemm_epilogue(ex: Exprs, names: NameTable) -> dict[str, object]:
+    return render_gemm(ex, names)
 
 
 def _render_pointwise(ex: Exprs, names: NameTable) -> dict[str, object]:
