@@ -11,6 +11,7 @@ group                       the callable
 ``autofusion.cost_models``  ``(registry: OpRegistry) -> CostModel``
 ``autofusion.strategies``   ``() -> Strategy`` (see :mod:`autofusion.decide.strategies`)
 ``autofusion.backends``     ``() -> Backend``: compiles a plan into something that runs
+``autofusion.kernels``      ``() -> Iterable[KernelKind]``: kernel kinds rules may name
 =========================== ======================================================================
 
 Nothing is global: :func:`registry_with_plugins` builds a new registry value. A plugin that fails
@@ -30,6 +31,7 @@ import numpy as np
 
 from autofusion.decide.cost import CostModel
 from autofusion.decide.plan import Plan
+from autofusion.kinds import KernelKind, KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpDef, OpRegistry
 
@@ -38,9 +40,10 @@ RULES = "autofusion.rules"
 COST_MODELS = "autofusion.cost_models"
 STRATEGIES = "autofusion.strategies"
 BACKENDS = "autofusion.backends"
-GROUPS: tuple[str, ...] = (OPS, RULES, COST_MODELS, STRATEGIES, BACKENDS)
+KERNELS = "autofusion.kernels"
+GROUPS: tuple[str, ...] = (OPS, RULES, COST_MODELS, STRATEGIES, BACKENDS, KERNELS)
 _NOUNS = {OPS: "op plugin", RULES: "rules plugin", COST_MODELS: "cost model", STRATEGIES: "strategy",
-          BACKENDS: "backend"}
+          BACKENDS: "backend", KERNELS: "kernel kind"}
 
 
 class PluginError(ValueError):
@@ -159,6 +162,43 @@ def registry_with_plugins(base: OpRegistry | None = None) -> OpRegistry:
     base = base or default_registry()
     ops = plugin_ops(base)
     return base.extended(ops) if ops else base
+
+
+# -- kernel kinds -------------------------------------------------------------------------------------
+
+
+def load_kinds(plugin: Plugin, base: KindRegistry | None = None) -> tuple[KernelKind, ...]:
+    """The kinds one ``autofusion.kernels`` plugin provides, checked: KernelKinds, none already in ``base``."""
+    base = base or default_kinds()
+    result = plugin.call()
+    found = (result,) if isinstance(result, KernelKind) else result
+    try:
+        kinds = tuple(found)
+    except TypeError:
+        raise PluginError(f"{plugin.label} returned {type(result).__name__}, not KernelKinds") from None
+    for k in kinds:
+        if not isinstance(k, KernelKind):
+            raise PluginError(f"{plugin.label} returned {type(k).__name__}, not a KernelKind")
+        if k.name in base:
+            raise PluginError(f"{plugin.label} redefines the kernel kind {k.name!r}, which is built in")
+        if not callable(k.accepts) or not k.renderers:
+            raise PluginError(f"{plugin.label}: kind {k.name!r} needs accepts(facts) and a renderer")
+    return kinds
+
+
+def kinds_with_plugins(base: KindRegistry | None = None) -> KindRegistry:
+    """``base`` (default: the built-in kinds) with every ``autofusion.kernels`` plugin's kinds after
+    them; ``base`` itself when none is installed. Two plugins naming one kind is an error."""
+    base = base or default_kinds()
+    owner: dict[str, str] = {}
+    kinds: list[KernelKind] = []
+    for plugin in discover(KERNELS):
+        for k in load_kinds(plugin, base):
+            if k.name in owner:
+                raise PluginError(f"{plugin.label} and {owner[k.name]} both define the kernel kind {k.name!r}")
+            owner[k.name] = plugin.label
+            kinds.append(k)
+    return base.extended(kinds) if kinds else base
 
 
 # -- rules --------------------------------------------------------------------------------------------

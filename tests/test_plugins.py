@@ -14,6 +14,7 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -22,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autofusion import plugins
 from autofusion.cli.main import main
+from autofusion.kinds import default_kinds
 from autofusion.ops import OpClass, default_registry
 from autofusion.resources import data_dir
 
@@ -111,6 +113,7 @@ def swish_onnx(path: Path, custom_op: bool) -> Path:
 def test_nothing_installed_means_the_builtins(tmp_path: Path) -> None:
     assert all(own(p) for g in plugins.GROUPS for p in plugins.discover(g))
     assert plugins.registry_with_plugins() is default_registry()
+    assert plugins.kinds_with_plugins() is default_kinds()
     assert plugins.rule_paths(None) is None and plugins.rule_paths(["a.fuse"]) == [Path("a.fuse")]
     with pytest.raises(ValueError, match="unknown plugin group"):
         plugins.discover("autofusion.nope")
@@ -119,7 +122,8 @@ def test_nothing_installed_means_the_builtins(tmp_path: Path) -> None:
 def test_example_plugins_are_discovered_and_work(example: Path) -> None:
     names = {g: [p.name for p in plugins.discover(g) if not own(p)] for g in plugins.GROUPS}
     assert names == {plugins.OPS: ["swish"], plugins.RULES: ["swish"], plugins.COST_MODELS: ["bytes-only"],
-                     plugins.STRATEGIES: ["first-fit"], plugins.BACKENDS: ["kernel-interpreter"]}
+                     plugins.STRATEGIES: ["first-fit"], plugins.BACKENDS: ["kernel-interpreter"],
+                     plugins.KERNELS: ["rms_norm"]}
     assert {p.package for g in plugins.GROUPS for p in plugins.discover(g) if not own(p)} == {
         "autofusion-plugin-example 0.1.0"}
     registry = plugins.registry_with_plugins()
@@ -152,8 +156,8 @@ def test_docs_examples_run_and_match_the_example_package(example: Path) -> None:
         exec(compile(block, str(DOCS), "exec"), namespace)  # each block's asserts are the checks
     (toml_block,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
     assert tomllib.loads(toml_block)["project"]["entry-points"] == example_entry_points()
-    (fuse_block,) = re.findall(r"```fuse\n(.*?)```", text, flags=re.S)
-    assert fuse_block == (EXAMPLE_RULES / "swish.fuse").read_text()
+    fuse_blocks = re.findall(r"```fuse\n(.*?)```", text, flags=re.S)
+    assert fuse_blocks == [(EXAMPLE_RULES / name).read_text() for name in ("swish.fuse", "rms_norm.fuse")]
     for group in plugins.GROUPS:
         assert f"`{group}`" in text
 
@@ -169,7 +173,7 @@ def test_cli_lists_plugins(example: Path, capsys: pytest.CaptureFixture[str]) ->
         assert line in out
     code, out, _ = cli(capsys, "plugins", "--json")
     rows = [r for r in json.loads(out)["plugins"] if r["package"] == "autofusion-plugin-example 0.1.0"]
-    assert code == 0 and len(rows) == 5 and all(not r["error"] for r in rows)
+    assert code == 0 and len(rows) == 6 and all(not r["error"] for r in rows)
 
 
 @pytest.mark.skipif(any(plugins.discover(g) for g in plugins.GROUPS), reason="plugins are installed here")
@@ -291,3 +295,154 @@ def test_broken_plugin_never_shows_a_traceback_from_the_command(tmp_path: Path) 
     assert done.returncode == 2
     assert done.stderr.strip() == ("autofusion: error: plugin 'crash' (autofusion.ops, from crashing-plugin 1.0) "
                                    "failed to load crashing_plugin:ops: SystemError: boom")
+
+
+# -- the example's kernel kind: the seed's user SuperKernel -----------------------------------------
+
+
+def rms_norm_graph(rows: tuple[int, ...] = (3, 7), cols: int = 40) -> Any:
+    """RMSNorm as exporters write it, feeding a projection (its output leaves the kernel)."""
+    from autofusion.ir import GraphBuilder
+
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("rms_mlp")
+    x = b.input("x", (*rows, cols))
+    eps = b.const(np.float32(1e-5), "eps")
+    mean = b.op("ReduceMean", b.op("Mul", x, x), axes=[-1], keepdims=1)
+    y = b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", mean, eps))),
+             b.const(rng.uniform(0.5, 1.5, cols).astype(np.float32), "g"))
+    return b.build([b.op("MatMul", y, b.const(rng.standard_normal((cols, 16)).astype(np.float32), "w"))])
+
+
+def test_example_kernel_kind_renders_its_rule_s_groups(example: Path) -> None:
+    from autofusion.api import optimize
+    from autofusion.codegen import render_plan
+    from autofusion.ir import run_graph
+    from autofusion.runtime import CompiledModel
+
+    kinds = plugins.kinds_with_plugins()
+    assert "rms_norm" in kinds and "rms_norm" not in default_kinds()
+    graph = rms_norm_graph()
+    plan = optimize(graph, plugins.rule_paths(None), registry=plugins.registry_with_plugins(), kinds=kinds)
+    (group,) = [g for g in plan.groups if g.fused]
+    assert group.template == "rms_norm" and dict(group.params) == {"rows_per_chunk": 4}
+    assert group.decided_by is not None and group.decided_by.name == "rms_norm"
+    source = "\n".join(text for _, text in render_plan(plan).units)
+    assert "rms_norm kind (autofusion-plugin-example): 21 rows of 40" in source
+    assert "schedule(dynamic, 4)" in source  # the rule's param reached the plugin's template
+    feeds = {"x": np.random.default_rng(6).standard_normal((3, 7, 40)).astype(np.float32)}
+    (out,) = graph.outputs
+    got = CompiledModel(plan).run(feeds)[out]
+    np.testing.assert_allclose(got, run_graph(graph, feeds)[out], rtol=1e-5, atol=1e-5)
+    # without the plugin's kind the same rules are an error, and the shipped rules alone fuse less
+    with pytest.raises(Exception, match="unknown template 'rms_norm'"):
+        optimize(graph, plugins.rule_paths(None), registry=plugins.registry_with_plugins())
+    alone = optimize(graph)
+    assert all(g.template != "rms_norm" for g in alone.groups)
+
+
+def test_example_kind_refuses_what_it_cannot_render(example: Path) -> None:
+    from autofusion_plugin_example.kernels import RMS_NORM
+
+    from autofusion.kinds import GroupFacts
+
+    graph = rms_norm_graph()
+    defs = plugins.registry_with_plugins()
+    names = [n.name for n in graph.nodes if n.op != "MatMul"]
+    facts = GroupFacts(graph, frozenset(names), {n: defs[graph.node_by_name[n].op] for n in names})
+    assert RMS_NORM.accepts(facts).ok
+    fewer = frozenset(names[:-1])
+    verdict = RMS_NORM.accepts(GroupFacts(graph, fewer, {n: facts.defs[n] for n in fewer}))
+    assert not verdict.ok and "six ops" in verdict.detail
+
+
+def test_cli_checks_rules_with_the_plugins_kinds(example: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from autofusion.cli.rules import main as rules_main
+
+    assert rules_main(["check", "--no-verify", str(EXAMPLE_RULES)]) == 0
+    bad = tmp_path / "bad-params.fuse"
+    bad.write_text('fuse r: Relu -> Tanh -> template "rms_norm" (rows_per_chunk="many")\n')
+    assert rules_main(["check", "--no-verify", str(bad)]) == 1
+    assert "F026" in capsys.readouterr().out
+
+
+KIND_SOURCE = ("from autofusion.kinds import ACCEPT, KernelKind\n"
+               "def kind(name): return KernelKind(name, '', lambda f: ACCEPT, renderers={'c': 'x:y'})\n")
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("def make(): return 3\n", r"returned int, not KernelKinds"),
+    ("def make(): return [3]\n", r"returned int, not a KernelKind"),
+    (KIND_SOURCE + "def make(): return [kind('pointwise')]\n", r"redefines the kernel kind 'pointwise'"),
+    (KIND_SOURCE.replace("renderers={'c': 'x:y'}", "renderers={}") + "def make(): return kind('k')\n",
+     r"kind 'k' needs accepts\(facts\) and a renderer"),
+])
+def test_broken_kernel_plugins_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str,
+                                            message: str) -> None:
+    module = f"badkinds_{abs(hash(source))}"  # one module per case: a loaded module stays in sys.modules
+    broken_plugin(tmp_path, monkeypatch, module, source, {plugins.KERNELS: {"bad": f"{module}:make"}})
+    with pytest.raises(plugins.PluginError, match=message):
+        plugins.kinds_with_plugins()
+
+
+# -- a plugin op's own spelling reaches the C (and Triton) backend ------------------------------------
+
+
+def swish_mlp_plan(registry: Any) -> Any:
+    from autofusion.api import optimize
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("swish_mlp", registry)
+    x = b.input("x", (6, 24))
+    h = b.op("Add", b.op("MatMul", x, b.const(np.random.default_rng(3).standard_normal((24, 40)).astype(np.float32),
+                                                  "w")), b.const(np.full(40, 0.25, np.float32), "bias"))
+    y = b.op("Mul", b.op("Swish", h), b.const(np.float32(2.0), "two"))
+    return optimize(b.build([y]), plugins.rule_paths(None), registry=registry, kinds=plugins.kinds_with_plugins())
+
+
+def test_plugin_op_runs_in_the_superkernel_by_its_c_spelling(example: Path) -> None:
+    from autofusion.codegen import render_plan
+    from autofusion.ir import run_graph
+    from autofusion.runtime import CompiledModel
+
+    registry = plugins.registry_with_plugins()
+    plan = swish_mlp_plan(registry)
+    (kernel,) = [g for g in plan.groups if g.fused]  # MatMul, Add, Swish and the scaling in one kernel
+    assert "Swish" in [plan.graph.node_by_name[n].op for n in kernel.nodes]
+    assert "af_expf(-(" in "\n".join(text for _, text in render_plan(plan).units)
+    feeds = {"x": np.random.default_rng(4).standard_normal((6, 24)).astype(np.float32)}
+    (out,) = plan.graph.outputs
+    np.testing.assert_allclose(CompiledModel(plan).run(feeds)[out], run_graph(plan.graph, feeds, registry)[out],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_without_a_spelling_is_refused_by_name(example: Path) -> None:
+    from dataclasses import replace
+
+    from autofusion.codegen import CodegenError, render_plan
+
+    registry = plugins.registry_with_plugins()
+    bare = default_registry().extended([replace(registry["Swish"], spelling={})])
+    with pytest.raises(CodegenError, match="Swish"):
+        render_plan(replace(swish_mlp_plan(registry), registry=bare))
+
+
+def test_plugin_op_runs_in_triton_by_its_spelling(example: Path) -> None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from autofusion.decide.groups import build_groups
+    from autofusion.decide.plan import ZERO_COST, Plan
+    from autofusion.ir import GraphBuilder, run_graph
+    from autofusion.runtime.triton_runner import TritonModel
+
+    registry = plugins.registry_with_plugins()
+    b = GraphBuilder("swish", registry)
+    x = b.input("x", (5, 33))
+    graph = b.build([b.op("Add", b.op("Swish", x), x)])
+    groups = build_groups(graph, [[n.name for n in graph.nodes]], registry=registry)
+    model = TritonModel(Plan(graph, groups, ZERO_COST, ZERO_COST, registry=registry), fallback=False)
+    feeds = {"x": np.random.default_rng(7).standard_normal((5, 33)).astype(np.float32)}
+    (out,) = graph.outputs
+    np.testing.assert_allclose(model(feeds)[out], run_graph(graph, feeds, registry)[out], rtol=1e-5, atol=1e-6)

@@ -22,8 +22,10 @@ from autofusion.bench.runners import BenchSetup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dataclasses import replace
+
     from autofusion.bench.environment import fix_malloc_threshold, limit_threads
-    from autofusion.plugins import registry_with_plugins
+    from autofusion.plugins import kinds_with_plugins, registry_with_plugins
 
     args = list(argv if argv is not None else sys.argv[1:])
     job_path, name, out_path = args[:3]
@@ -33,7 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_threads(job["threads"])
     fix_malloc_threshold()
     with tempfile.TemporaryDirectory(prefix="autofusion-bench-") as tmp:
-        setup = BenchSetup(job["graph"], job["plan"], job["feeds"], job["threads"], registry_with_plugins(), Path(tmp))
+        registry = registry_with_plugins()
+        plan = replace(job["plan"], registry=registry, kinds=kinds_with_plugins())
+        setup = BenchSetup(job["graph"], plan, job["feeds"], job["threads"], registry, Path(tmp))
         measured = measure(name, setup, job["reference"], job["repeat"], job["warmup"], job["rtol"], job["atol"],
                            per_kernel=per_kernel)
     with open(out_path, "wb") as f:

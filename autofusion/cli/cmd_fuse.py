@@ -40,10 +40,11 @@ def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
     from autofusion.api import optimize
     from autofusion.decide.cost import AnalyticCostModel, HardwareProfile
     from autofusion.dsl import RuleError
-    from autofusion.plugins import PluginError, registry_with_plugins, rule_paths, strategy
+    from autofusion.plugins import PluginError, kinds_with_plugins, registry_with_plugins, rule_paths, strategy
 
-    try:  # installed plugins: their ops, their rule directories (with the shipped library), strategies
+    try:  # installed plugins: ops, kernel kinds, rule directories (with the shipped library), strategies
         registry = registry_with_plugins()
+        kinds = kinds_with_plugins()
         rules = rule_paths(args.rules or None)
         strategy(args.strategy)
     except PluginError as e:
@@ -57,7 +58,7 @@ def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
         raise CliError(str(e)) from None
     try:
         plan = optimize(loaded.graph, rules, cost_model=model, strategy=args.strategy,
-                        size_cap=args.size_cap, registry=registry)
+                        size_cap=args.size_cap, registry=registry, kinds=kinds)
     except RuleError as e:
         lines = [f"{d.span}: {d.code} {d.message}" for d in e.diagnostics if d.is_error]
         raise CliError("rule files have errors (run `autofusion-rules check`):\n  " + "\n  ".join(lines[:20])) from None

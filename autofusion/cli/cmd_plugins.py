@@ -33,6 +33,8 @@ def _provides(plugin: Any) -> str:
         return f"cost model {plugins.cost_model(plugin.name, default_registry()).name!r}"
     if plugin.group == plugins.STRATEGIES:
         return f"strategy {getattr(plugins.strategy(plugin.name), 'name', plugin.name)!r}"
+    if plugin.group == plugins.KERNELS:
+        return "kernel kinds: " + ", ".join(k.name for k in plugins.load_kinds(plugin))
     return f"backend {plugins.backend(plugin.name).name!r}"
 
 

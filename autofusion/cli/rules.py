@@ -18,6 +18,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
 
@@ -44,6 +45,17 @@ def _usage(parser: argparse.ArgumentParser, message: str) -> int:
     return EXIT_USAGE
 
 
+def _installed(parser: argparse.ArgumentParser) -> tuple[Any, Any] | int:
+    """(op registry, kernel kinds) with every installed plugin's, or the exit status of a broken plugin."""
+    from autofusion.plugins import PluginError, kinds_with_plugins, registry_with_plugins
+
+    try:
+        return registry_with_plugins(), kinds_with_plugins()
+    except PluginError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def _missing(paths: Sequence[str]) -> list[str]:
     return [p for p in paths if not Path(p).exists()]
 
@@ -67,7 +79,10 @@ def cmd_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if not collect_files(args.paths):
         return _usage(parser, f"no .fuse files in {', '.join(args.paths)}")
-    analysis = analyze(args.paths, verify=not args.no_verify)
+    installed = _installed(parser)
+    if isinstance(installed, int):
+        return installed
+    analysis = analyze(args.paths, verify=not args.no_verify, registry=installed[0], kinds=installed[1])
     if args.format == "json":
         print(to_json(analysis.diagnostics, analysis.program.ruleset.files))
     else:
@@ -90,7 +105,10 @@ def cmd_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from autofusion.dsl.reporter import format_text
     from autofusion.resources import data_dir
 
-    analysis = analyze(args.paths or [data_dir("rules")], verify=False)
+    installed = _installed(parser)
+    if isinstance(installed, int):
+        return installed
+    analysis = analyze(args.paths or [data_dir("rules")], verify=False, registry=installed[0], kinds=installed[1])
     sys.stdout.write(format_list(analysis, as_json=args.format == "json"))
     if analysis.errors:
         sys.stderr.write(format_text(analysis.errors))
