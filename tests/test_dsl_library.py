@@ -46,8 +46,8 @@ def test_transformer_rules(rules) -> None:  # type: ignore[no-untyped-def]
     assert residual.shared_output and residual.shared_term.op == "Add"
     attention = fusions["attention_softmax"]
     assert attention.pattern.op == "Softmax" and attention.pattern.args[0].op == "Add"
-    assert fusions["dense_act"].template == "gemm_epilogue" and dict(fusions["dense_act"].params) == {
-        "tile_m": 64, "tile_n": 64}
+    # no tile params: the kernel's own blocking measured faster than 64x64 tiles (rules/transformer.fuse)
+    assert fusions["dense_act"].template == "gemm_epilogue" and dict(fusions["dense_act"].params) == {}
 
 
 def test_cnn_and_rnn_rules(rules) -> None:  # type: ignore[no-untyped-def]
