@@ -21,7 +21,7 @@ docs/plugins.md is the guide.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -126,34 +126,44 @@ def _find(group: str, name: str, builtin: Iterable[str]) -> Plugin:
 # -- ops ----------------------------------------------------------------------------------------------
 
 
+def _checked(plugin: Plugin, result: Any, cls: type, article: str, noun: str, taken: Container[str]) -> tuple[Any, ...]:
+    """What a plugin returned as a tuple of ``cls`` (a ``noun`` each), none of a name in ``taken``."""
+    try:
+        items = tuple(result)
+    except TypeError:
+        raise PluginError(f"{plugin.label} returned {type(result).__name__}, not {cls.__name__}s") from None
+    for item in items:
+        if not isinstance(item, cls):
+            raise PluginError(f"{plugin.label} returned {type(item).__name__}, not {article} {cls.__name__}")
+        name = getattr(item, "name", "")
+        if name in taken:
+            raise PluginError(f"{plugin.label} redefines the {noun} {name!r}, which is already defined")
+    return items
+
+
+def _from_every(group: str, load: Callable[[Plugin], tuple[Any, ...]], noun: str) -> list[Any]:
+    """Every plugin's items of ``group``; two plugins defining one name is an error (a plugin never
+    silently replaces another's)."""
+    owner: dict[str, str] = {}
+    found: list[Any] = []
+    for plugin in discover(group):
+        for item in load(plugin):
+            if item.name in owner:
+                raise PluginError(f"{plugin.label} and {owner[item.name]} both define the {noun} {item.name!r}")
+            owner[item.name] = plugin.label
+            found.append(item)
+    return found
+
+
 def load_ops(plugin: Plugin, base: OpRegistry | None = None) -> tuple[OpDef, ...]:
     """The OpDefs one ``autofusion.ops`` plugin provides, checked: OpDefs, none already in ``base``."""
-    base = base or default_registry()
-    result = plugin.call()
-    try:
-        defs = tuple(result)
-    except TypeError:
-        raise PluginError(f"{plugin.label} returned {type(result).__name__}, not OpDefs") from None
-    for d in defs:
-        if not isinstance(d, OpDef):
-            raise PluginError(f"{plugin.label} returned {type(d).__name__}, not an OpDef")
-        if d.name in base:
-            raise PluginError(f"{plugin.label} redefines the op {d.name!r}, which the registry already has")
-    return defs
+    return _checked(plugin, plugin.call(), OpDef, "an", "op", base or default_registry())
 
 
 def plugin_ops(base: OpRegistry | None = None) -> tuple[OpDef, ...]:
     """The OpDefs of every ``autofusion.ops`` plugin; a name clash with ``base`` or another plugin
-    is an error (a plugin never silently replaces an op)."""
-    owner: dict[str, str] = {}
-    ops: list[OpDef] = []
-    for plugin in discover(OPS):
-        for d in load_ops(plugin, base):
-            if d.name in owner:
-                raise PluginError(f"{plugin.label} and {owner[d.name]} both define the op {d.name!r}")
-            owner[d.name] = plugin.label
-            ops.append(d)
-    return tuple(ops)
+    is an error."""
+    return tuple(_from_every(OPS, lambda plugin: load_ops(plugin, base), "op"))
 
 
 def registry_with_plugins(base: OpRegistry | None = None) -> OpRegistry:
@@ -169,18 +179,10 @@ def registry_with_plugins(base: OpRegistry | None = None) -> OpRegistry:
 
 def load_kinds(plugin: Plugin, base: KindRegistry | None = None) -> tuple[KernelKind, ...]:
     """The kinds one ``autofusion.kernels`` plugin provides, checked: KernelKinds, none already in ``base``."""
-    base = base or default_kinds()
     result = plugin.call()
-    found = (result,) if isinstance(result, KernelKind) else result
-    try:
-        kinds = tuple(found)
-    except TypeError:
-        raise PluginError(f"{plugin.label} returned {type(result).__name__}, not KernelKinds") from None
+    kinds = _checked(plugin, (result,) if isinstance(result, KernelKind) else result, KernelKind, "a",
+                     "kernel kind", base or default_kinds())
     for k in kinds:
-        if not isinstance(k, KernelKind):
-            raise PluginError(f"{plugin.label} returned {type(k).__name__}, not a KernelKind")
-        if k.name in base:
-            raise PluginError(f"{plugin.label} redefines the kernel kind {k.name!r}, which is built in")
         if not callable(k.accepts) or not k.renderers:
             raise PluginError(f"{plugin.label}: kind {k.name!r} needs accepts(facts) and a renderer")
     return kinds
@@ -190,14 +192,7 @@ def kinds_with_plugins(base: KindRegistry | None = None) -> KindRegistry:
     """``base`` (default: the built-in kinds) with every ``autofusion.kernels`` plugin's kinds after
     them; ``base`` itself when none is installed. Two plugins naming one kind is an error."""
     base = base or default_kinds()
-    owner: dict[str, str] = {}
-    kinds: list[KernelKind] = []
-    for plugin in discover(KERNELS):
-        for k in load_kinds(plugin, base):
-            if k.name in owner:
-                raise PluginError(f"{plugin.label} and {owner[k.name]} both define the kernel kind {k.name!r}")
-            owner[k.name] = plugin.label
-            kinds.append(k)
+    kinds = _from_every(KERNELS, lambda plugin: load_kinds(plugin, base), "kernel kind")
     return base.extended(kinds) if kinds else base
 
 
