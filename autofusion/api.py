@@ -26,7 +26,7 @@ from autofusion.decide.plan import Plan
 from autofusion.decide.strategies import Strategy
 from autofusion.dsl.ir import RuleSet
 from autofusion.engine import Limits, fusion_space, saturate_rewrites
-from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.ir.verify import verify
 from autofusion.kinds import KindRegistry
 from autofusion.ops.catalog import default_registry

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from autofusion.codegen.reductions import REDUCTION_OPS
 from autofusion.decide.groups import build_groups
 from autofusion.decide.plan import ZERO_COST, Plan, RuleRef
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpClass, OpRegistry
 

@@ -179,8 +179,8 @@ def test_lstm_loop_reads_each_steps_slice_of_the_input_in_place(time_major: bool
 
     from autofusion.api import optimize
     from autofusion.codegen import render_plan
-    from autofusion.ir.graph import FrozenMap
-    from autofusion.ir.types import TensorType
+    from autofusion.graph.graph import FrozenMap
+    from autofusion.graph.types import TensorType
     from autofusion.models import build
 
     g = build("lstm-tiny", batch=2)

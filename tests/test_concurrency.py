@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from autofusion.api import optimize
+from autofusion.graph.graph import Graph
 from autofusion.ir import GraphBuilder, run_graph
-from autofusion.ir.graph import Graph
 from autofusion.models import build, random_inputs
 from autofusion.runtime import CompileCache, CompiledModel, compare_outputs
 from autofusion.runtime.loader import WorkspacePool

@@ -11,8 +11,8 @@ from autofusion.decide.optimize import decide
 from autofusion.decide.partition import Partition
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.engine.space import FusionSpace, Permission
+from autofusion.graph.graph import FrozenMap
 from autofusion.ir import DType, Graph, GraphBuilder
-from autofusion.ir.graph import FrozenMap
 from autofusion.ops import OpClass, default_registry
 
 RULE = RuleRef("test_rule", "test.fuse", 1)

@@ -19,8 +19,8 @@ from autofusion.decide.explain import explain_report
 from autofusion.decide.plan import Plan
 from autofusion.dsl import analyze_text
 from autofusion.editors.vocabulary import templates as vocabulary_templates
+from autofusion.graph.graph import FrozenMap
 from autofusion.ir import Graph, GraphBuilder, run_graph
-from autofusion.ir.graph import FrozenMap
 from autofusion.kinds import ACCEPT, GroupFacts, KernelKind, KindError, KindRegistry, ParamSpec, default_kinds
 from autofusion.runtime import CompiledModel
 from autofusion.viz import plan_dot

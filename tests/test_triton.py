@@ -15,9 +15,9 @@ import pytest
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import py_ident, render_triton_group
 from autofusion.decide.plan import ZERO_COST, FusedGroup, Plan
+from autofusion.graph.graph import Graph
 from autofusion.ir import run_graph
 from autofusion.ir.builder import GraphBuilder
-from autofusion.ir.graph import Graph
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
 torch = pytest.importorskip("torch", reason="the Triton backend needs torch (pip install autofusion[gpu])",

@@ -18,7 +18,7 @@ import numpy as np
 
 from autofusion.codegen.buffers import BufferPlan
 from autofusion.decide.plan import Plan
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.runtime import UnfusedRunner
 
 MIN_OP_RUNS = 3  # a median of fewer samples does not reject a run where a thread was descheduled

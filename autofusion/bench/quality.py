@@ -19,7 +19,7 @@ from autofusion.decide.optimize import region_signature, regions_of
 from autofusion.decide.partition import Partition
 from autofusion.decide.strategies import Region, get_strategy
 from autofusion.engine import fusion_space, saturate_rewrites
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 

@@ -20,7 +20,7 @@ import numpy as np
 from autofusion.codegen.buffers import BufferPlan
 from autofusion.decide import unfused_plan
 from autofusion.decide.plan import Plan
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autofusion.ir.graph import Graph, Node
-from autofusion.ir.types import DType
+from autofusion.graph.graph import Graph, Node
+from autofusion.graph.types import DType
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.spatial import window
 

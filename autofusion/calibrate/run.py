@@ -27,8 +27,8 @@ from autofusion.calibrate.specs import alternatives, random_feeds, random_kernel
 from autofusion.codegen.errors import CodegenError
 from autofusion.decide.cost import AnalyticCostModel, CostModel, HardwareProfile
 from autofusion.decide.learned import Calibration, LearnedCostModel, fit_learned, group_features
+from autofusion.graph.graph import FrozenMap
 from autofusion.ir import Graph
-from autofusion.ir.graph import FrozenMap
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 from autofusion.runtime import CompileCache, CompileError, detect_toolchain

@@ -68,7 +68,7 @@ def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
         raise
     from dataclasses import replace
 
-    from autofusion.ir.graph import FrozenMap
+    from autofusion.graph.graph import FrozenMap
 
     stats = dict(plan.stats)
     stats["seconds_import"] = t_import

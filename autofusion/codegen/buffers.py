@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autofusion.decide.plan import Plan
-from autofusion.ir.graph import FrozenMap
+from autofusion.graph.graph import FrozenMap
 
 ALIGN = 64
 

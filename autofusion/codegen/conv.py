@@ -36,8 +36,8 @@ from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import strided_view
-from autofusion.ir.graph import Node
-from autofusion.ir.types import DType
+from autofusion.graph.graph import Node
+from autofusion.graph.types import DType
 from autofusion.ops.common import ints
 from autofusion.ops.spatial import window
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from autofusion.codegen.errors import CodegenError
-from autofusion.ir.types import DType
+from autofusion.graph.types import DType
 
 _CTYPES = {
     DType.FLOAT32: "float",

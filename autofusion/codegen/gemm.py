@@ -30,8 +30,8 @@ from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view
-from autofusion.ir.graph import Node
-from autofusion.ir.types import DType
+from autofusion.graph.graph import Node
+from autofusion.graph.types import DType
 from autofusion.ops.registry import broadcast_shapes
 
 # Tiles of up to 128 x 512 keep sgemm efficient (measured here: 128x512 tiles with the epilogue beat one

@@ -7,7 +7,7 @@ from autofusion.codegen.kernel_context import KernelContext, KernelSource, group
 from autofusion.codegen.names import c_ident
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.kinds import KernelKind, KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from autofusion.codegen import index as ix
 from autofusion.codegen.index import Index
 from autofusion.codegen.kernel_context import KernelContext
-from autofusion.ir.graph import Node
+from autofusion.graph.graph import Node
 
 
 class Misaligned(Exception):

@@ -12,8 +12,8 @@ from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
-from autofusion.ir.graph import Graph, Node
-from autofusion.ir.types import TensorType
+from autofusion.graph.graph import Graph, Node
+from autofusion.graph.types import TensorType
 from autofusion.ops.registry import OpRegistry
 
 SCRATCH_ALIGN = 64
@@ -152,7 +152,7 @@ class KernelContext:
 
 
 def _array_ctype(arr: np.ndarray) -> str:
-    from autofusion.ir.types import DType
+    from autofusion.graph.types import DType
 
     return ctype(DType.of(arr))
 

@@ -9,7 +9,7 @@ from autofusion.codegen.kernel_context import KernelContext, group_error
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.reductions import REDUCTION_OPS
 from autofusion.codegen.staged import render_staged
-from autofusion.ir.graph import Node
+from autofusion.graph.graph import Node
 
 
 def render_view(k: KernelContext, nodes: list[Node]) -> None:

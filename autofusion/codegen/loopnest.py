@@ -34,7 +34,7 @@ from autofusion.codegen.reductions import (
     is_identity_reduce,
     reduction_spec,
 )
-from autofusion.ir.graph import Node
+from autofusion.graph.graph import Node
 from autofusion.ops.registry import OpRegistry
 
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a loop nest runs on one thread (fork/join costs more)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.names import c_comment_text
-from autofusion.ir.graph import Node
-from autofusion.ir.types import DType
+from autofusion.graph.graph import Node
+from autofusion.graph.types import DType
 
 _DEFAULTS = {"affine": (1.0, 0.0), "leakyrelu": (0.01, 0.0), "thresholdedrelu": (1.0, 0.0),
              "scaledtanh": (1.0, 1.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}

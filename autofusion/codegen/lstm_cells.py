@@ -23,8 +23,8 @@ import numpy as np
 from autofusion.codegen.gemm import PACK_NR, pack_weights
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.names import c_comment_text
-from autofusion.ir.graph import Graph, Node
-from autofusion.ir.types import DType
+from autofusion.graph.graph import Graph, Node
+from autofusion.graph.types import DType
 
 UNITS = PACK_NR // 4  # hidden units per panel: four gates each
 MAX_BATCH = 256  # each thread's tile of gates, batch x 32 floats, lives on its stack

@@ -17,7 +17,7 @@ from autofusion.codegen import index as ix
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Handler, Inliner
-from autofusion.ir.graph import Node
+from autofusion.graph.graph import Node
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.common import ref_input_or_attr
 

@@ -15,8 +15,8 @@ import numpy as np
 from autofusion.codegen.ctype import ctype, is_float, literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Handler, Inliner
-from autofusion.ir.graph import Node
-from autofusion.ir.types import DType
+from autofusion.graph.graph import Node
+from autofusion.graph.types import DType
 
 _F32_FUNCS = {
     "exp": "af_expf", "log": "logf", "sqrt": "sqrtf", "tanh": "af_tanhf", "erf": "af_erff", "sin": "sinf",

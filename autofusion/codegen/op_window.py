@@ -17,7 +17,7 @@ from autofusion.codegen import index as ix
 from autofusion.codegen.ctype import ctype, lowest
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Handler, Inliner
-from autofusion.ir.graph import Node
+from autofusion.graph.graph import Node
 from autofusion.ops.common import ints
 from autofusion.ops.spatial import Window, window
 

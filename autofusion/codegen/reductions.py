@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from autofusion.codegen.ctype import ctype, highest, is_float, literal, lowest
 from autofusion.codegen.errors import CodegenError
-from autofusion.ir.graph import Graph, Node
-from autofusion.ir.types import DType, TensorType
+from autofusion.graph.graph import Graph, Node
+from autofusion.graph.types import DType, TensorType
 
 REDUCTION_OPS = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",

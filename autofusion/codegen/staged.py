@@ -18,7 +18,7 @@ from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.reductions import REDUCTION_OPS
-from autofusion.ir.graph import Node
+from autofusion.graph.graph import Node
 
 CORE_OPS = frozenset({"MatMul", "Gemm", "Conv"})
 

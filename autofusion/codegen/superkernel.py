@@ -28,7 +28,7 @@ from autofusion.codegen.kernel_context import KernelSource, group_comment
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.templates import TemplateSet, default_templates
 from autofusion.decide.plan import Plan
-from autofusion.ir.types import DType
+from autofusion.graph.types import DType
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autofusion.decide.groups import build_groups
 from autofusion.decide.plan import ZERO_COST, Plan
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.registry import OpRegistry
 
 

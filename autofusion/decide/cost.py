@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
-from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.ir.infer import node_context
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpClass, OpRegistry

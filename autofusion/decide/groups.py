@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from autofusion.decide.plan import ZERO_COST, CostBreakdown, FusedGroup, RuleRef
-from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.kinds import GroupFacts
 from autofusion.kinds.builtin import natural_kind
 from autofusion.ops.catalog import default_registry

@@ -37,7 +37,7 @@ from autofusion.decide.cost import (
 )
 from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpClass, OpRegistry
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.engine.space import FusionSpace, Permission
-from autofusion.ir.graph import FrozenMap
+from autofusion.graph.graph import FrozenMap
 from autofusion.kinds import GroupFacts, KindRegistry, default_kinds
 from autofusion.kinds.builtin import natural_kind
 from autofusion.ops.catalog import default_registry

@@ -14,8 +14,8 @@ from autofusion.decide.partition import Partition
 from autofusion.decide.plan import CostBreakdown, Plan, UnfusedPair, UnfusedReason
 from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
 from autofusion.engine.space import FusionSpace
-from autofusion.ir.graph import FrozenMap, Graph
-from autofusion.ir.types import TensorType
+from autofusion.graph.graph import FrozenMap, Graph
+from autofusion.graph.types import TensorType
 from autofusion.kinds import KindRegistry
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry

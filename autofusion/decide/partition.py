@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 
 
 class Partition:

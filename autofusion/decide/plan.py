@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autofusion.engine.space import RuleRef, UnfusedReason
-from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.kinds import KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from autofusion.decide.plan import FusedGroup, Plan
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 

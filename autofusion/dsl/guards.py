@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofusion.dsl.span import NO_SPAN, Span
-from autofusion.ir.types import DType, TensorType
+from autofusion.graph.types import DType, TensorType
 
 
 class GuardError(ValueError):

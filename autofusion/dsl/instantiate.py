@@ -19,9 +19,9 @@ import numpy as np
 
 from autofusion.dsl import guards as g
 from autofusion.dsl.ir import Literal, OpTerm, Term, Var, walk
-from autofusion.ir.graph import Const, Graph, Node, freeze_attrs
+from autofusion.graph.graph import Const, Graph, Node, freeze_attrs
+from autofusion.graph.types import DType, TensorType
 from autofusion.ir.infer import infer_node
-from autofusion.ir.types import DType, TensorType
 from autofusion.ops.registry import OpRegistry, ShapeError
 
 MAX_RANK = 4
@@ -138,7 +138,7 @@ class GraphMaker:
         self.env.vars[name] = Binding(tensor, self.types[tensor], arr, tensor in self.consts)
 
     def graph(self, outputs: list[str]) -> Graph:
-        from autofusion.ir.graph import FrozenMap
+        from autofusion.graph.graph import FrozenMap
 
         used = {i for n in self.nodes for i in n.inputs} | set(outputs)
         inputs = tuple(i for i in self.inputs if i in used)

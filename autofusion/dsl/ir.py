@@ -70,7 +70,7 @@ from typing import Literal as TypingLiteral
 
 from autofusion.dsl.guards import Bindings, Guard, holds
 from autofusion.dsl.span import NO_SPAN, Span
-from autofusion.ir.graph import FrozenMap
+from autofusion.graph.graph import FrozenMap
 
 AttrLiteral = int | float | str | tuple[Any, ...]
 

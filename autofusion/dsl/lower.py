@@ -29,7 +29,7 @@ from autofusion.dsl.ir import (
     Var,
 )
 from autofusion.dsl.span import NO_SPAN, Span
-from autofusion.ir.graph import FrozenMap
+from autofusion.graph.graph import FrozenMap
 
 
 @dataclass(frozen=True)

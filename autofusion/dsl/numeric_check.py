@@ -24,8 +24,8 @@ from autofusion.dsl.diagnostics import Sink
 from autofusion.dsl.instantiate import Env, GraphMaker, NoInstance, Trial, max_outputs
 from autofusion.dsl.ir import Branch, FusionRule, Loop, NoFuse, OpTerm, PatternDef, Rewrite, Term, Var
 from autofusion.dsl.program import Program
+from autofusion.graph.types import DType
 from autofusion.ir.interpreter import InterpreterError, run_graph
-from autofusion.ir.types import DType
 from autofusion.ops.registry import OpRegistry
 
 UNIFORM_TRIALS = 16

@@ -19,7 +19,7 @@ from autofusion.dsl.ir import Branch, FusionRule, Loop, NoFuse, PatternDef, Patt
 from autofusion.dsl.lower import Statement
 from autofusion.dsl.match import canonical, covers
 from autofusion.dsl.resolve import BUILTIN_CLASSES, Resolver, build_classes, collect_patterns
-from autofusion.ir.graph import FrozenMap
+from autofusion.graph.graph import FrozenMap
 from autofusion.kinds import KindRegistry
 from autofusion.ops.registry import OpRegistry
 

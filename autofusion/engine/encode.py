@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.ir.graph import FrozenMap, Graph, freeze_attrs
+from autofusion.graph.graph import FrozenMap, Graph, freeze_attrs
 from autofusion.ops.registry import OpRegistry
 
 DECLARATIONS = """

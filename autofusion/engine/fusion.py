@@ -29,7 +29,7 @@ from autofusion.engine.match import (
 )
 from autofusion.engine.rewrite import class_facts, handles_of
 from autofusion.engine.space import Blocked, FusionSpace, LoopCandidate, Permission, RuleRef, UnfusedReason
-from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.ops.registry import OpRegistry
 
 # a fusion rule ready to read back: the rule, its kind, its compiled patterns and its guard

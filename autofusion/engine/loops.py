@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from autofusion.dsl.ir import FusionRule
 from autofusion.engine.match import Match
 from autofusion.engine.space import LoopCandidate, RuleRef
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 
 
 def chain_cells(

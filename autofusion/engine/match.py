@@ -20,7 +20,7 @@ from autofusion.dsl.guards import Bindings, Guard, holds
 from autofusion.dsl.ir import Literal, OpTerm, PatternRef, RuleSet, Term, Var
 from autofusion.engine.egraph import Serialized
 from autofusion.engine.encode import f64, multi_output, parse_attrs, quote
-from autofusion.ir.types import TensorType
+from autofusion.graph.types import TensorType
 from autofusion.ops.registry import OpRegistry
 
 

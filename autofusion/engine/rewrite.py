@@ -21,11 +21,11 @@ from autofusion.dsl.ir import Literal, OpTerm, PatternRef, Rewrite, RuleSet, Ter
 from autofusion.engine.egraph import EggSession, Serialized, prepared_session
 from autofusion.engine.encode import DECLARATIONS, Encoder, Workdir, multi_output, parse_attrs, quote
 from autofusion.engine.match import CompiledPattern, EClassFacts, Match, PatternCompiler, Untranslatable, read_matches
+from autofusion.graph.graph import Const, Graph, Node, freeze_attrs
+from autofusion.graph.types import DType, TensorType
 from autofusion.ir.builder import graph_from_nodes
-from autofusion.ir.graph import Const, Graph, Node, freeze_attrs
 from autofusion.ir.infer import infer_node
 from autofusion.ir.passes import fold_constants
-from autofusion.ir.types import DType, TensorType
 from autofusion.ops.registry import OpRegistry, ShapeError
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofusion.ir.graph import FrozenMap, Graph
+from autofusion.graph.graph import FrozenMap, Graph
 
 
 @dataclass(frozen=True)

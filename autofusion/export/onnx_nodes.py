@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from autofusion.ir.graph import Graph, Node
-from autofusion.ir.types import DType
+from autofusion.graph.graph import Graph, Node
+from autofusion.graph.types import DType
 
 OPSET = 18
 

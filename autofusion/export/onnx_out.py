@@ -32,7 +32,7 @@ from onnx import helper, numpy_helper
 from autofusion import __version__
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.export.onnx_nodes import OPSET, NodeWriter, OnnxExportError, elem_type
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 
 DOMAIN = "autofusion"
 DOMAIN_VERSION = 1

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.graph.graph import Graph
+from autofusion.graph.types import DType
 from autofusion.ir.builder import GraphBuilder
-from autofusion.ir.graph import Graph
-from autofusion.ir.types import DType
 
 
 class FxConversionError(ValueError):

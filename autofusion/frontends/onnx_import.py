@@ -40,9 +40,9 @@ from autofusion.frontends.onnx_structure import (
     read_node,
     topological,
 )
-from autofusion.ir.graph import Const, FrozenMap, Graph, Node, freeze_attrs
+from autofusion.graph.graph import Const, FrozenMap, Graph, Node, freeze_attrs
+from autofusion.graph.types import TensorType
 from autofusion.ir.infer import infer_node
-from autofusion.ir.types import TensorType
 from autofusion.ir.verify import VerifyError, verify
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError

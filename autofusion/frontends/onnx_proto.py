@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, ModelProto, TensorProto, numpy_helper
 
-from autofusion.ir.types import DType, TensorType
+from autofusion.graph.types import DType, TensorType
 from autofusion.ops.dtypes import onnx_dtype
 
 MIN_OPSET = 13  # models below are upgraded: the op semantics the registry implements start here

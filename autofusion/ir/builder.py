@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.ir.graph import Const, FrozenMap, Graph, Node, freeze_attrs
+from autofusion.graph.graph import Const, FrozenMap, Graph, Node, freeze_attrs
+from autofusion.graph.types import DType, TensorType
 from autofusion.ir.infer import infer_node
-from autofusion.ir.types import DType, TensorType
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 

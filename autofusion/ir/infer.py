@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autofusion.ir.graph import Const, Node
-from autofusion.ir.types import TensorType
+from autofusion.graph.graph import Const, Node
+from autofusion.graph.types import TensorType
 from autofusion.ops.registry import InferContext, OpRegistry, ShapeError
 
 

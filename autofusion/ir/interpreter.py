@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 

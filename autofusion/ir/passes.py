@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autofusion.ir.graph import Const, FrozenMap, Graph
+from autofusion.graph.graph import Const, FrozenMap, Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 

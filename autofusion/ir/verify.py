@@ -3,7 +3,7 @@ every pass."""
 
 from __future__ import annotations
 
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ir.infer import infer_node
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from autofusion.ir.graph import Graph, Node
+from autofusion.graph.graph import Graph, Node
 from autofusion.ops.registry import OpClass, OpDef
 
 

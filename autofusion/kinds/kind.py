@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofusion.ir.graph import FrozenMap
+from autofusion.graph.graph import FrozenMap
 from autofusion.kinds.facts import GroupFacts
 
 ParamValue = int | float | str | bool

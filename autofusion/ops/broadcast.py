@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.ir.types import TensorType
+from autofusion.graph.types import TensorType
 from autofusion.ops.common import Arrays, first, ints
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError, broadcast_shapes
 

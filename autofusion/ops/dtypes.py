@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autofusion.ir.types import DType
+from autofusion.graph.types import DType
 
 _ONNX_CODES: dict[int, DType] = {
     1: DType.FLOAT32,

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.ir.graph import FrozenMap, Node
-from autofusion.ir.types import TensorType
+from autofusion.graph.graph import FrozenMap, Node
+from autofusion.graph.types import TensorType
 
 
 class OpClass(enum.StrEnum):

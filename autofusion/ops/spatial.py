@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.ir.types import DType, TensorType
+from autofusion.graph.types import DType, TensorType
 from autofusion.ops.common import Arrays, first, ints, same_dtype
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ir.interpreter import InterpreterError, check_feeds
 
 

@@ -50,8 +50,8 @@ from autofusion.codegen.cores import (
 from autofusion.codegen.templates import default_templates
 from autofusion.decide import unfused_plan
 from autofusion.decide.plan import Plan
+from autofusion.graph.graph import Graph
 from autofusion.ir import GraphBuilder
-from autofusion.ir.graph import Graph
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.toolchain import Toolchain
 

@@ -20,7 +20,7 @@ from autofusion.codegen.superkernel import render_unfused
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide import unfused_plan
 from autofusion.decide.plan import FusedGroup, Plan
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (

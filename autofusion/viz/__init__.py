@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autofusion.decide.plan import Plan
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.ops.registry import OpRegistry
 from autofusion.viz.dot import cluster_count, graph_dot, plan_dot, template_colour
 from autofusion.viz.render import Rendered, find_dot, render_svg

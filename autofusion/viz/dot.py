@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autofusion.decide.plan import FusedGroup, Plan
-from autofusion.ir.graph import Graph, Node
-from autofusion.ir.types import TensorType
+from autofusion.graph.graph import Graph, Node
+from autofusion.graph.types import TensorType
 from autofusion.kinds import KindRegistry, default_kinds
 
 

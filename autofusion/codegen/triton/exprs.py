@@ -16,7 +16,7 @@ from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.ops import ELEMENTWISE, TL_DTYPES, cast_expr, spelled
 from autofusion.codegen.triton.tindex import Index
 from autofusion.decide.plan import FusedGroup
-from autofusion.ir.graph import Graph, Node
+from autofusion.graph.graph import Graph, Node
 from autofusion.ops.registry import OpRegistry
 
 Override = Callable[[Index], str]

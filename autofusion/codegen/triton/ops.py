@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from autofusion.ir.types import DType
+from autofusion.graph.types import DType
 
 TL_DTYPES = MappingProxyType({
     "float32": "tl.float32", "float64": "tl.float64", "float16": "tl.float16", "int64": "tl.int64",

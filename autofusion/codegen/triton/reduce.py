@@ -14,7 +14,7 @@ from autofusion.codegen.reductions import _axes_of, is_identity_reduce
 from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.tindex import Index
-from autofusion.ir.graph import Node
+from autofusion.graph.graph import Node
 
 REDUCE_STATS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min"}
 ROW_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})

@@ -18,7 +18,7 @@ from autofusion.codegen.triton.gemm import render_gemm
 from autofusion.codegen.triton.templates import TritonTemplates
 from autofusion.codegen.triton.text import py_comment, py_ident
 from autofusion.decide.plan import FusedGroup
-from autofusion.ir.graph import Graph
+from autofusion.graph.graph import Graph
 from autofusion.kinds import KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry

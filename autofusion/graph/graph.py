@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from autofusion.ir.types import DType, TensorType
+from autofusion.graph.types import DType, TensorType
 
 K = TypeVar("K")
 V = TypeVar("V")
