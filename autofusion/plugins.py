@@ -31,7 +31,7 @@ import numpy as np
 
 from autofusion.decide.cost import CostModel
 from autofusion.decide.plan import Plan
-from autofusion.kinds import KernelKind, KindRegistry, default_kinds
+from autofusion.kinds import KernelKind, KindError, KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpDef, OpRegistry
 
@@ -185,6 +185,11 @@ def load_kinds(plugin: Plugin, base: KindRegistry | None = None) -> tuple[Kernel
     for k in kinds:
         if not callable(k.accepts) or not k.renderers:
             raise PluginError(f"{plugin.label}: kind {k.name!r} needs accepts(facts) and a renderer")
+        try:
+            for backend in k.renderers:
+                k.renderer(backend)
+        except KindError as e:
+            raise PluginError(f"{plugin.label}: {e}") from None
     return kinds
 
 

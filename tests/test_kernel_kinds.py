@@ -213,3 +213,83 @@ def test_pictures_use_the_kinds_colour(tmp_path: Path) -> None:
 def test_a_kind_registry_is_a_value(tmp_path: Path) -> None:
     extended = default_kinds().extended([tie_kind()])
     assert "tie" in extended and "tie" not in default_kinds() and isinstance(extended, KindRegistry)
+
+
+# -- edges: ties over many groups, kinds that fail, plans copied and pickled ---------------------------
+
+
+def chain(n: int = 6) -> Graph:
+    b = GraphBuilder("chain")
+    t = b.input("x", (8, 32))
+    for op in ["Relu", "Neg", "Abs", "Sqrt", "Neg", "Abs", "Relu", "Neg"][:n]:
+        t = b.op(op, t)
+    return b.build([t])
+
+
+def perfect_tie_kind() -> KernelKind:
+    """Prices any group as its ops apart: every merge is a tie, which only priority breaks."""
+    def cost(facts: GroupFacts, price: Any) -> Any:
+        parts = [price([n]) for n in facts.compute]
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p
+        return total
+
+    return KernelKind("tie", "", lambda facts: ACCEPT,
+                      renderers={"c": "autofusion.codegen.kind_renderers:render_loop_nest"}, cost=cost)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "dp", "exact"])
+def test_every_strategy_breaks_ties_over_many_groups_alike(tmp_path: Path, strategy: str) -> None:
+    kinds = default_kinds().extended([perfect_tie_kind()])
+    plan = plan_with(tmp_path, chain(), 'fuse f: pointwise into producer pointwise -> template "tie" priority 5\n',
+                     strategy=strategy, kinds=kinds)
+    assert [len(g.nodes) for g in plan.groups] == [6]  # each merge is worth its priority: all of them
+    apart = plan_with(tmp_path, chain(), 'fuse f: pointwise into producer pointwise -> template "tie"\n',
+                      strategy=strategy, kinds=kinds)
+    assert [len(g.nodes) for g in apart.groups] == [1] * 6  # priority 0: a merge that saves nothing is not made
+
+
+def test_exact_is_never_dearer_than_dp() -> None:
+    from autofusion.models import build
+
+    g = build("gpt2-tiny")
+    dp, exact = optimize(g, strategy="dp"), optimize(g, strategy="exact")
+    assert exact.cost_after.seconds <= dp.cost_after.seconds + 1e-12
+
+
+def test_an_op_core_no_kind_renders_keeps_its_group_apart(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from autofusion.ops import default_registry
+    from autofusion.ops.registry import OpRegistry
+
+    odd = OpRegistry([replace(d, core="attention") if d.name == "MatMul" else d for d in default_registry()])
+    plan = plan_with(tmp_path, matmul_relu(), "fuse f: Relu into producer MatMul\n", registry=odd)
+    assert not fused(plan) and "no kernel kind 'attention_epilogue'" in plan.unfused[0].detail
+
+
+def test_a_kind_that_fails_is_named(tmp_path: Path) -> None:
+    def broken(facts: GroupFacts) -> Any:
+        raise ZeroDivisionError("oops")
+
+    kinds = default_kinds().extended([KernelKind("bad", "", broken, renderers={"c": "nowhere:render"})])
+    with pytest.raises(KindError, match=r"kernel kind 'bad': accepts\(\) raised ZeroDivisionError: oops"):
+        plan_with(tmp_path, add_relu(), 'fuse f: Add -> Relu -> template "bad"\n', kinds=kinds)
+    with pytest.raises(KindError, match="its c renderer 'nowhere:render' cannot be loaded"):
+        kinds["bad"].renderer("c")
+    from autofusion.cli.common import expected_errors
+
+    assert KindError in expected_errors()  # the command line reports it in one line
+
+
+def test_plans_keep_their_kinds_when_copied_and_take_the_builtins_when_pickled(tmp_path: Path) -> None:
+    import copy
+    import pickle
+
+    kinds = default_kinds().extended([tie_kind()])
+    plan = plan_with(tmp_path, add_relu(), 'fuse f: Add -> Relu -> template "tie" priority 1\n', kinds=kinds)
+    assert "tie" in copy.copy(plan).kinds and "tie" in copy.deepcopy(plan).kinds
+    assert copy.deepcopy(plan) == plan
+    back = pickle.loads(pickle.dumps(plan))  # a bench worker's job: functions do not travel
+    assert back == plan and "tie" not in back.kinds and back.registry is not None

@@ -356,6 +356,28 @@ def test_example_kind_refuses_what_it_cannot_render(example: Path) -> None:
     assert not verdict.ok and "six ops" in verdict.detail
 
 
+def test_example_kind_refuses_a_group_whose_other_values_leave_it(example: Path) -> None:
+    from autofusion.api import optimize
+    from autofusion.ir import GraphBuilder, run_graph
+    from autofusion.runtime import CompiledModel
+
+    b = GraphBuilder("rms_leak")
+    x = b.input("x", (4, 16))
+    mean = b.op("ReduceMean", b.op("Mul", x, x), axes=[-1], keepdims=1)
+    norm = b.op("Div", x, b.op("Sqrt", b.op("Add", mean, b.const(np.float32(1e-5), "eps"))))
+    y = b.op("Mul", norm, b.const(np.linspace(0.5, 1.5, 16, dtype=np.float32), "g"))
+    graph = b.build([y, b.op("Neg", norm)])  # the normalised row is also read outside the RMSNorm
+    feeds = {"x": np.random.default_rng(8).standard_normal((4, 16)).astype(np.float32)}
+    want = run_graph(graph, feeds)
+    for strategy in ("greedy", "exact"):
+        plan = optimize(graph, plugins.rule_paths(None), strategy=strategy, registry=plugins.registry_with_plugins(),
+                        kinds=plugins.kinds_with_plugins())
+        assert all(g.template != "rms_norm" for g in plan.groups)
+        got = CompiledModel(plan).run(feeds)
+        for name in graph.outputs:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+
+
 def test_cli_checks_rules_with_the_plugins_kinds(example: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from autofusion.cli.rules import main as rules_main
@@ -377,6 +399,7 @@ KIND_SOURCE = ("from autofusion.kinds import ACCEPT, KernelKind\n"
     (KIND_SOURCE + "def make(): return [kind('pointwise')]\n", r"redefines the kernel kind 'pointwise'"),
     (KIND_SOURCE.replace("renderers={'c': 'x:y'}", "renderers={}") + "def make(): return kind('k')\n",
      r"kind 'k' needs accepts\(facts\) and a renderer"),
+    (KIND_SOURCE + "def make(): return kind('k')\n", r"kind 'k': its c renderer 'x:y' cannot be loaded"),
 ])
 def test_broken_kernel_plugins_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str,
                                             message: str) -> None:

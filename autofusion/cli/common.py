@@ -32,13 +32,15 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     from autofusion.codegen.cores import UnknownIsaError
     from autofusion.frontends.onnx_import import OnnxImportError
     from autofusion.fuzz.cluster import RayUnavailable
+    from autofusion.kinds import KindError
     from autofusion.models import ModelSizeError, UnknownModelError, WeightError
+    from autofusion.plugins import PluginError
     from autofusion.runtime.sanitize import SanitizerUnavailable
     from autofusion.runtime.toolchain import CompileError
 
     return (CliError, OnnxImportError, UnknownModelError, ModelSizeError, WeightError, ShapeError, VerifyError,
             UnknownOpError, InterpreterError, FileNotFoundError, IsADirectoryError, PermissionError, CompileError,
-            UnknownIsaError, SanitizerUnavailable, RayUnavailable)
+            UnknownIsaError, SanitizerUnavailable, RayUnavailable, KindError, PluginError)
 
 
 def error(message: str, stream: TextIO | None = None) -> None:

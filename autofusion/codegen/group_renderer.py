@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from autofusion.codegen.cores import CoreChooser
+from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.kernel_context import KernelContext, KernelSource, group_comment, group_error
 from autofusion.codegen.names import c_ident
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
 from autofusion.graph.graph import Graph
-from autofusion.kinds import KernelKind, KindRegistry, default_kinds
+from autofusion.kinds import KernelKind, KindError, KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
@@ -55,8 +56,16 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
         k.chooser = chooser
     renderer = kind.renderer(BACKEND)
     assert renderer is not None
-    body = renderer(k, nodes)
+    try:
+        body = renderer(k, nodes)
+    except (CodegenError, KindError):
+        raise
+    except Exception as e:  # a plugin's renderer: say whose
+        raise KindError(f"kernel kind {kind.name!r} failed to render group {group.name}: "
+                        f"{type(e).__name__}: {e}") from None
     if body is None:
+        if kind.name != "view":
+            raise KindError(f"kernel kind {kind.name!r} rendered no kernel for group {group.name}")
         return None
     name = kernel_name(group)
     params = k.params()

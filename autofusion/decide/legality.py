@@ -16,7 +16,7 @@ from typing import Any
 from autofusion.decide.plan import RuleRef, UnfusedReason
 from autofusion.engine.space import FusionSpace, Permission
 from autofusion.graph.graph import FrozenMap
-from autofusion.kinds import GroupFacts, KindRegistry, default_kinds
+from autofusion.kinds import Acceptance, GroupFacts, KernelKind, KindError, KindRegistry, default_kinds
 from autofusion.kinds.builtin import natural_kind
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
@@ -96,7 +96,10 @@ class GroupChecker:
     def _natural(self, nodes: frozenset[str]) -> Verdict:
         facts = self.facts(nodes)
         name = natural_kind(facts)
-        verdict = self.kinds[name].accepts(facts)
+        kind = self.kinds.get(name)
+        if kind is None:  # an op whose core no registered kind renders
+            return Verdict(False, reason=UnfusedReason.TEMPLATE, detail=f"no kernel kind {name!r} is registered")
+        verdict = _accepts(kind, facts)
         if not verdict.ok:
             return Verdict(False, reason=UnfusedReason.TEMPLATE, detail=verdict.detail)
         return Verdict(True, name)
@@ -110,7 +113,7 @@ class GroupChecker:
             if kind is None:
                 refusals.append(f"{claim.rule.name} names kind {claim.kind!r}, which is not registered")
                 continue
-            answer = kind.accepts(facts)
+            answer = _accepts(kind, facts)
             if answer.ok:
                 return Verdict(True, claim.kind, decided_by=claim.rule, params=claim.params, priority=claim.priority)
             refusals.append(f"{claim.rule.name} names {claim.kind}: {answer.detail}")
@@ -145,6 +148,17 @@ class GroupChecker:
             return (loop.rule,)
         refs = dict.fromkeys(p.rule for p in self._permissions(members))
         return tuple(sorted(refs, key=_order))
+
+
+def _accepts(kind: KernelKind, facts: GroupFacts) -> Acceptance:
+    """``kind.accepts(facts)``; a kind that fails (a plugin's) is a KindError naming it."""
+    try:
+        answer = kind.accepts(facts)
+    except Exception as e:
+        raise KindError(f"kernel kind {kind.name!r}: accepts() raised {type(e).__name__}: {e}") from None
+    if not isinstance(answer, Acceptance):
+        raise KindError(f"kernel kind {kind.name!r}: accepts() returned {type(answer).__name__}, not an Acceptance")
+    return answer
 
 
 def _order(rule: RuleRef) -> tuple[str, int, str]:

@@ -16,7 +16,7 @@ from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
 from autofusion.engine.space import FusionSpace
 from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.graph.types import TensorType
-from autofusion.kinds import KindRegistry
+from autofusion.kinds import KindError, KindRegistry
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
@@ -167,9 +167,12 @@ def _kind_cost(checker: GroupChecker, nodes: frozenset[str],
         verdict = checker.check(nodes)
         kind = checker.kinds.get(verdict.template) if verdict.ok else None
         if kind is not None and kind.cost is not None:
-            cost = kind.cost(checker.facts(nodes), price)
+            try:
+                cost = kind.cost(checker.facts(nodes), price)
+            except Exception as e:
+                raise KindError(f"kernel kind {kind.name!r}: cost() raised {type(e).__name__}: {e}") from None
             if not isinstance(cost, CostBreakdown):
-                raise TypeError(f"kernel kind {kind.name!r}: cost() returned {type(cost).__name__}, "
+                raise KindError(f"kernel kind {kind.name!r}: cost() returned {type(cost).__name__}, "
                                 "not a CostBreakdown")
             return cost
     return price(nodes)

@@ -8,8 +8,9 @@ kernel. Groups are listed in a topological order of the group graph.
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from autofusion.engine.space import RuleRef, UnfusedReason
@@ -86,6 +87,13 @@ class Plan:
     stats: FrozenMap[str, Any] = field(default_factory=FrozenMap)
     kinds: KindRegistry = field(default_factory=default_kinds, compare=False, repr=False)  # what renders the groups
     registry: OpRegistry = field(default_factory=default_registry, compare=False, repr=False)  # the graph's ops
+
+    def __copy__(self) -> Plan:
+        return replace(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Plan:  # the registry and kinds are shared, not copied
+        return replace(self, **{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in fields(self)
+                                if f.name not in ("kinds", "registry")})
 
     def __getstate__(self) -> dict[str, Any]:
         # the op registry and the kinds hold functions: a pickled plan (a bench worker's job) leaves

@@ -19,7 +19,6 @@ from autofusion.decide.legality import GroupChecker
 from autofusion.decide.partition import Partition
 
 EPS = 1e-12
-PRIORITY_CREDIT_US = 1e-3  # the exact solver's tie-break, in microseconds per unit of priority
 
 
 @dataclass
@@ -58,24 +57,32 @@ def _merge_key(region: Region, p: Partition, a: str, b: str) -> tuple[float, int
     """(cost change, -priority) of merging the groups of ``a`` and ``b`` when the merge is worth
     taking: it lowers the cost, or leaves it equal and the merged group's rule has a positive
     priority (priority breaks ties); None otherwise."""
-    d = _merge_delta(region, p, a, b)
-    if d is None or d > EPS:
+    ga, gb = p.members(a), p.members(b)
+    if ga == gb:
         return None
-    priority = region.checker.check(p.members(a) | p.members(b)).priority
-    if d >= -EPS and priority <= 0:
+    merged = ga | gb
+    verdict = region.checker.check(merged)
+    if not verdict.ok:
         return None
-    return (d, -priority)
+    d = region.cost(merged) - region.cost(ga) - region.cost(gb)
+    if d > EPS or (d >= -EPS and verdict.priority <= 0):
+        return None
+    return (d, -verdict.priority)
 
 
-def _priority(region: Region, groups: Sequence[frozenset[str]]) -> int:
-    """The priorities of the rules that decided the fused groups, summed (ties between equal costs)."""
-    return sum(region.checker.check(g).priority for g in groups if len(g) > 1)
+def _tie_score(region: Region, group: frozenset[str]) -> int:
+    """What a group is worth between partitions of equal cost, as greedy sees it: each merge in it
+    counts its rule's priority when positive, and -1 when not (a merge that saves nothing is made
+    only for a rule of positive priority)."""
+    if len(group) == 1:
+        return 0
+    priority = region.checker.check(group).priority
+    return (len(group) - 1) * (priority if priority > 0 else -1)
 
 
-def _tie_rank(region: Region, groups: Sequence[frozenset[str]]) -> tuple[int, int]:
-    """How partitions of equal cost rank, lower first: higher priority, then fewer fused nodes (a
-    merge that saves nothing is taken only when its rule has a positive priority, as in greedy)."""
-    return (-_priority(region, groups), sum(len(g) for g in groups if len(g) > 1))
+def _tie_rank(region: Region, groups: Sequence[frozenset[str]]) -> int:
+    """How partitions of equal cost rank, lower first."""
+    return -sum(_tie_score(region, g) for g in groups)
 
 
 def _region_groups(region: Region, p: Partition) -> list[frozenset[str]]:
@@ -151,30 +158,44 @@ class Beam:
 
     def solve(self, region: Region, partition: Partition) -> list[frozenset[str]]:
         start = partition.copy()
-        beam = [(region.partition_cost(_region_groups(region, start)), start)]
+        # (cost, tie rank, partition): the rank follows each merge, as the cost does
+        beam = [(region.partition_cost(_region_groups(region, start)), _tie_rank(region, _region_groups(region, start)),
+                 start)]
         best = beam[0]
         for _ in range(self.max_steps):
-            children: dict[frozenset[frozenset[str]], tuple[float, Partition]] = {}
-            for total, p in beam:
+            children: dict[frozenset[frozenset[str]], tuple[float, int, Partition]] = {}
+            for total, tie, p in beam:
                 for a, b in region.pairs:
                     merge = _merge_key(region, p, a, b)
                     if merge is None or not p.can_merge(a, b):
                         continue
+                    ga, gb = p.members(a), p.members(b)
                     q = p.copy()
                     q.merge(a, b)
                     key = q.key()
                     if key not in children:
-                        children[key] = (total + merge[0], q)
+                        rank = tie - _tie_score(region, ga | gb) + _tie_score(region, ga) + _tie_score(region, gb)
+                        children[key] = (total + merge[0], rank, q)
             if not children:
                 break
-
-            def rank(t: tuple[float, Partition]) -> tuple[float, tuple[int, int]]:
-                return (round(t[0] / EPS) * EPS, _tie_rank(region, _region_groups(region, t[1])))
-
-            beam = sorted(children.values(), key=rank)[: self.width]
-            if rank(beam[0]) < rank(best):
+            beam = _cheapest(list(children.values()), self.width)
+            if beam[0][0] < best[0] - EPS or (beam[0][0] <= best[0] + EPS and beam[0][1] < best[1]):
                 best = beam[0]
-        return _region_groups(region, best[1])
+        return _region_groups(region, best[2])
+
+
+def _cheapest(found: list[tuple[float, int, Partition]], width: int) -> list[tuple[float, int, Partition]]:
+    """The ``width`` cheapest partitions, the cheapest first; equal costs (within EPS) by tie rank."""
+    ordered = sorted(found, key=lambda t: t[0])
+    out: list[tuple[float, int, Partition]] = []
+    i = 0
+    while i < len(ordered) and len(out) < width:
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1][0] - ordered[i][0] <= EPS:
+            j += 1
+        out.extend(sorted(ordered[i:j + 1], key=lambda t: t[1]))
+        i = j + 1
+    return out[:width]
 
 
 def enumerate_groups(region: Region, partition: Partition, limit: int = 20000) -> list[frozenset[str]] | None:
@@ -279,12 +300,17 @@ class DynamicProgramming:
         return list(chosen)
 
 
-def _tie_charge(priority: int) -> float:
-    return PRIORITY_CREDIT_US * (-priority if priority > 0 else 1)
-
-
 class _TooBig(Exception):
     pass
+
+
+def _acyclic_with(partition: Partition, chosen: Sequence[frozenset[str]]) -> bool:
+    q = partition.copy()
+    for gr in chosen:
+        nodes = sorted(gr, key=q.index.__getitem__)
+        for n in nodes[1:]:
+            q.merge(nodes[0], n)
+    return q.is_acyclic()
 
 
 class ExactILP:
@@ -297,6 +323,26 @@ class ExactILP:
         self.max_groups = max_groups
         self.max_rounds = max_rounds
 
+    @staticmethod
+    def _break_ties(region: Region, partition: Partition, groups: list[frozenset[str]], costs: np.ndarray,
+                    rows: list, x: np.ndarray, chosen: list[frozenset[str]]) -> list[frozenset[str]]:  # type: ignore[type-arg]
+        """Among the partitions as cheap as ``chosen`` (within EPS), the one greedy's tie-break ranks
+        first: a second solve with the cost bounded by the optimum."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
+        scores = np.array([-_tie_score(region, gr) for gr in groups], dtype=float)
+        if not scores.any():
+            return chosen
+        best = float(costs @ (x > 0.5))
+        bound = LinearConstraint(costs[None, :], -np.inf, best + EPS * 1e6 + 1e-9 * abs(best))
+        res = milp(scores, constraints=[*rows, bound], integrality=np.ones(len(groups)), bounds=Bounds(0, 1))
+        if res.x is None:
+            return chosen
+        alt = [groups[j] for j in np.flatnonzero(res.x > 0.5)]
+        if _tie_rank(region, alt) < _tie_rank(region, chosen) and _acyclic_with(partition, alt):
+            return alt
+        return chosen
+
     def solve(self, region: Region, partition: Partition) -> list[frozenset[str]]:
         from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -306,9 +352,6 @@ class ExactILP:
             return Beam().solve(region, partition)
         index = {n: i for i, n in enumerate(region.nodes)}
         costs = np.array([region.cost(gr) for gr in groups]) * 1e6  # microseconds: solver tolerances are absolute
-        # ties as in greedy: a nanosecond's credit per unit of a positive priority, a nanosecond's
-        # charge for a fused group without one (far below any real difference in cost)
-        costs += np.array([_tie_charge(region.checker.check(gr).priority) if len(gr) > 1 else 0.0 for gr in groups])
         cover = np.zeros((len(region.nodes), len(groups)))
         for j, gr in enumerate(groups):
             for n in gr:
@@ -321,13 +364,8 @@ class ExactILP:
                 region.notes.append(f"exact: solver failed ({res.message}), solved by beam search")
                 return Beam().solve(region, partition)
             chosen = [groups[j] for j in np.flatnonzero(res.x > 0.5)]
-            q = partition.copy()
-            for gr in chosen:
-                nodes = sorted(gr, key=q.index.__getitem__)
-                for n in nodes[1:]:
-                    q.merge(nodes[0], n)
-            if q.is_acyclic():
-                return chosen
+            if _acyclic_with(partition, chosen):
+                return self._break_ties(region, partition, groups, costs, rows, res.x, chosen)
             cut = np.zeros((1, len(groups)))
             multi = [j for j in np.flatnonzero(res.x > 0.5) if len(groups[j]) > 1]
             cut[0, multi] = 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autofusion.dsl import Diagnostic, RuleSet, Severity, Span, analyze
+from autofusion.kinds import KindRegistry
 from autofusion.ops.registry import OpRegistry
 
 UNTITLED = "untitled.fuse"
@@ -54,7 +55,7 @@ def import_lines(text: str, file: str = UNTITLED) -> list[ImportLine]:
 
 
 def check_document(text: str, path: Path | None, verify: bool = False,
-                   registry: OpRegistry | None = None) -> DocumentCheck:
+                   registry: OpRegistry | None = None, kinds: KindRegistry | None = None) -> DocumentCheck:
     """Check ``text`` as if it were the content of ``path`` (None: an untitled buffer).
 
     ``verify`` adds numerical verification of rewrites (slower; meant for saves). Never raises for
@@ -67,7 +68,7 @@ def check_document(text: str, path: Path | None, verify: bool = False,
         except OSError as e:
             return DocumentCheck((_internal(file, f"cannot prepare the check: {e.strerror or e}"),), None)
         try:
-            analysis = analyze([copy], verify=verify, registry=registry)
+            analysis = analyze([copy], verify=verify, registry=registry, kinds=kinds)
         except Exception as e:  # a checker bug must not stop the editor; report it on the document
             return DocumentCheck((_internal(file, f"the checker failed: {type(e).__name__}: {e}"),), None)
         diagnostics = _map_to_document(analysis.diagnostics, copy, text, file)

@@ -32,6 +32,7 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
 from autofusion.dsl import Diagnostic, RuleSet, Severity
 from autofusion.editors.document_check import DocumentCheck, check_document
 from autofusion.editors.lsp_features import completion_items, hover_markdown
+from autofusion.kinds import KindRegistry, default_kinds
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
@@ -55,6 +56,7 @@ class ServerState:
     """What the server keeps between messages: the registry, one worker, per-document results."""
 
     registry: OpRegistry
+    kinds: KindRegistry
     worker: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="fuse-check"))
     documents: dict[str, _DocumentState] = field(default_factory=dict)
@@ -63,10 +65,11 @@ class ServerState:
         return self.documents.setdefault(uri, _DocumentState())
 
 
-def create_server(registry: OpRegistry | None = None) -> LanguageServer:
-    """A language server with every feature registered (start it with ``.start_io()``)."""
+def create_server(registry: OpRegistry | None = None, kinds: KindRegistry | None = None) -> LanguageServer:
+    """A language server with every feature registered (start it with ``.start_io()``); ``registry``
+    and ``kinds`` are the ops and kernel kinds rules may name."""
     server = LanguageServer(NAME, VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
-    state = ServerState(registry or default_registry())
+    state = ServerState(registry or default_registry(), kinds or default_kinds())
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     async def did_open(ls: LanguageServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -140,7 +143,7 @@ async def _check(ls: LanguageServer, state: ServerState, uri: str, verify: bool,
         text, version = doc.source, doc.version
         loop = asyncio.get_running_loop()
         result: DocumentCheck = await loop.run_in_executor(
-            state.worker, check_document, text, _fs_path(uri), verify, state.registry)
+            state.worker, check_document, text, _fs_path(uri), verify, state.registry, state.kinds)
         if known.generation != generation or state.documents.get(uri) is not known:
             return  # edited or closed meanwhile
         if result.ruleset is not None:
@@ -239,9 +242,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for logger in (_log, logging.getLogger("pygls")):
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    from autofusion.plugins import PluginError, kinds_with_plugins, registry_with_plugins
+
+    try:  # rules may name installed plugins' ops and kernel kinds
+        registry, kinds = registry_with_plugins(), kinds_with_plugins()
+    except PluginError as e:
+        print(f"{NAME}: {e}", file=sys.stderr)
+        return 2
     protocol_out = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the protocol stream
-    create_server().start_io(sys.stdin.buffer, protocol_out)
+    create_server(registry, kinds).start_io(sys.stdin.buffer, protocol_out)
     return 0
 
 

@@ -11,8 +11,8 @@ are named here by import path (``"package.module:function"``), resolved when a b
 """
 
 from autofusion.kinds.facts import GroupFacts
-from autofusion.kinds.kind import ACCEPT, Acceptance, KernelKind, ParamSpec, refuse
-from autofusion.kinds.registry import KindError, KindRegistry, default_kinds
+from autofusion.kinds.kind import ACCEPT, Acceptance, KernelKind, KindError, ParamSpec, refuse
+from autofusion.kinds.registry import KindRegistry, default_kinds
 
 __all__ = ["ACCEPT", "Acceptance", "GroupFacts", "KernelKind", "KindError", "KindRegistry", "ParamSpec",
            "default_kinds", "refuse"]

@@ -26,7 +26,7 @@ def natural_kind(facts: GroupFacts) -> str:
     if len(opaque) > 1:
         return "horizontal_gemm"
     core = facts.defs[opaque[0]].core
-    return f"{core}_epilogue" if core and len(facts.compute) > 1 else "opaque"
+    return f"{core}_epilogue" if core and len(facts.nodes) > 1 else "opaque"
 
 
 def _without_pooled_epilogue(facts: GroupFacts) -> tuple[str, ...]:

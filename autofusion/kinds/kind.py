@@ -13,6 +13,10 @@ from autofusion.kinds.facts import GroupFacts
 ParamValue = int | float | str | bool
 
 
+class KindError(ValueError):
+    """An unknown kind, two kinds of one name, or a kind (a plugin's) whose code failed."""
+
+
 @dataclass(frozen=True)
 class Acceptance:
     """A kind's answer for one group: ``ok``, or why not (``detail``, shown by explain)."""
@@ -80,7 +84,13 @@ class KernelKind:
         target = self.renderers.get(backend)
         if isinstance(target, str):
             module, _, attr = target.partition(":")
-            target = getattr(importlib.import_module(module), attr)
+            try:
+                target = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise KindError(f"kernel kind {self.name!r}: its {backend} renderer {self.renderers[backend]!r} "
+                                f"cannot be loaded: {e}") from None
+        if not callable(target):
+            raise KindError(f"kernel kind {self.name!r}: its {backend} renderer is not callable")
         return target
 
     def param(self, name: str) -> ParamSpec | None:

@@ -6,14 +6,10 @@ import functools
 from collections.abc import Iterable, Iterator
 
 from autofusion.kinds.builtin import BUILTIN_KINDS
-from autofusion.kinds.kind import KernelKind
+from autofusion.kinds.kind import KernelKind, KindError
 
 # extra fill colours for kinds that name none (pastel, readable with black text)
 EXTRA_COLOURS = ("#e6d3c1", "#d1d9ff", "#ffd1ec", "#dff5b8", "#c4e3f3", "#f5e0c4")
-
-
-class KindError(ValueError):
-    """An unknown kind, or two kinds of one name."""
 
 
 class KindRegistry:

@@ -66,7 +66,11 @@ def match(graph: Graph, nodes: Collection[str]) -> RmsNorm | str:
 
 def accepts(facts: GroupFacts) -> Acceptance:
     found = match(facts.graph, facts.compute)
-    return refuse(found) if isinstance(found, str) else ACCEPT
+    if isinstance(found, str):
+        return refuse(found)
+    if facts.outputs != (found.y,):  # the kernel writes y alone: no other value may leave the group
+        return refuse(f"the group also writes {', '.join(o for o in facts.outputs if o != found.y)}")
+    return ACCEPT
 
 
 def cost(facts: GroupFacts, price: Callable[[Collection[str]], Any]) -> Any:
@@ -85,6 +89,8 @@ def render_c(k: KernelContext, nodes: list[Node]) -> str:
     found = match(k.graph, [n.name for n in nodes])
     if isinstance(found, str):
         raise k.error(f"rms_norm: {found}")
+    if tuple(k.group.outputs) != (found.y,):
+        raise k.error(f"rms_norm writes {found.y} alone, the group's outputs are {list(k.group.outputs)}")
     shape = k.type(found.x).shape
     cols = shape[-1]
     return TEMPLATES.get_template("rms_norm.c.j2").render(
