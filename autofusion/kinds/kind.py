@@ -89,7 +89,7 @@ class KernelKind:
             except (ImportError, AttributeError) as e:
                 raise KindError(f"kernel kind {self.name!r}: its {backend} renderer {self.renderers[backend]!r} "
                                 f"cannot be loaded: {e}") from None
-        if not callable(target):
+        if target is not None and not callable(target):
             raise KindError(f"kernel kind {self.name!r}: its {backend} renderer is not callable")
         return target
 
