@@ -116,7 +116,8 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     profile_out = tmp_path / "profile.json"
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal: the progress bar shows
     code = main(["calibrate", "--budget", "40", "--kernels", "12", "--regions", "2", "--max-elements", "4096",
-                 "--seed", "3", "--repeat-seconds", "0.002", "--cache", CACHE, "--out", str(out), "--profile-out", str(profile_out), "--json"])
+                 "--seed", "3", "--repeat-seconds", "0.002", "--cache", CACHE, "--out", str(out), "--profile-out",
+                 str(profile_out), "--json", "--models", "bert-tiny"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
@@ -129,7 +130,10 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     assert report["heldout_kernels"] + report["train_kernels"] == 12
     assert report["default_model"] in ("analytic", "learned") and report["file"] == str(out)
     cal = load_calibration(out)
-    assert cal.report == {k: v for k, v in report.items() if k not in ("file", "profile", "machine")}
+    assert cal.report == {k: v for k, v in report.items()
+                          if k not in ("file", "profile", "machine", "cost_model_before", "kernels_per_model", "undo")}
+    assert set(report["kernels_per_model"]) == {"bert-tiny"} and report["undo"] == (
+        f"to undo: rm {out}  (or set AUTOFUSION_CALIBRATION=none to plan without it)")
     assert HardwareProfile.load(profile_out) == cal.profile
     assert cal.cost_model().name.endswith(":cpu-2core")
     assert "-O" in cal.machine["cflags"] and cal.machine["threads"] >= 1 and cal.machine["statistic"] == "median"
@@ -140,8 +144,32 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     assert code == 0 and "kendall tau" in text and "learned" in text and "fitted profile" in text
 
 
+def test_calibrate_says_what_changed_and_how_to_undo(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import autofusion.decide
+    from autofusion.cli import cmd_calibrate
+
+    shipped = Path(autofusion.decide.__file__).parent / "profiles" / "calibrated" / "cpu-2core.json"
+    monkeypatch.setattr(cmd_calibrate, "_calibrate", lambda args: load_calibration(shipped))  # no timing here
+    monkeypatch.setenv("AUTOFUSION_CACHE", str(tmp_path))  # the user calibration the engine loads lives here
+    monkeypatch.delenv("AUTOFUSION_CALIBRATION", raising=False)
+    target = tmp_path / "calibration.json"
+    assert main(["calibrate", "--models", "bert-tiny,lstm-tiny"]) == 0
+    first = capsys.readouterr().out
+    assert "kernels per built-in model, planned with analytic:cpu-2core" in first
+    assert "bert-tiny" in first and "lstm-tiny" in first
+    assert "now plan with this calibration by default" in first and f"to undo: rm {target}" in first
+    assert main(["calibrate", "--models", "none"]) == 0
+    second = capsys.readouterr().out
+    assert f"to undo: mv {target}.previous {target}" in second and "kernels per built-in model" not in second
+    assert (tmp_path / "calibration.json.previous").is_file()
+    code = main(["fuse", "bert-tiny"])
+    assert code == 0 and f"calibration {target}" in capsys.readouterr().out  # fuse says what it planned with
+
+
 @pytest.mark.parametrize("argv, message", [
     (["calibrate", "--budget", "-1"], "positive number"),
+    (["calibrate", "--models", "bert-huge"], "unknown model 'bert-huge'"),
     (["calibrate", "--kernels", "0"], "positive integer"),
     (["calibrate", "--show", "/no/such/calibration.json"], "not found"),
     (["calibrate", "--prior", "no-such-profile"], "not found"),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +51,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--cache", metavar="DIR", help="compile cache directory (default the runtime's)")
     p.add_argument("--report", action="store_true", help="print the held-out accuracy of both models")
     p.add_argument("--json", action="store_true", help="print the accuracy report as one JSON object")
+    p.add_argument("--models", default=",".join(COMPARED_MODELS), metavar="NAMES",
+                   help="built-in models whose kernel counts are planned before and after, to show what the "
+                        f"calibration changes (comma-separated; default {','.join(COMPARED_MODELS)}; none: skip)")
     p.add_argument("--show", nargs="?", const="", metavar="FILE",
                    help="print the report of an existing calibration file (default: the one the engine uses) "
                         "instead of measuring")
     p.set_defaults(func=run)
+
+
+COMPARED_MODELS = ("bert-base", "gpt2", "resnet18", "lstm")
 
 
 def _positive_float(text: str) -> float:
@@ -77,7 +85,7 @@ def _non_negative_int(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from autofusion.decide.cost import HardwareProfile
-    from autofusion.decide.default_model import calibration_file, user_calibration_path
+    from autofusion.decide.default_model import calibration_file, default_cost_model, user_calibration_path
     from autofusion.decide.learned import Calibration, load_calibration
 
     out = Output()
@@ -98,9 +106,18 @@ def run(args: argparse.Namespace) -> int:
         HardwareProfile.load(args.prior)
     except ValueError as e:
         raise CliError(str(e)) from None
+    models = _compared_models(args.models)
+    try:
+        before = default_cost_model()
+    except ValueError as e:
+        raise CliError(str(e)) from None
     calibration = _calibrate(args)
     target = Path(args.out) if args.out else user_calibration_path()
+    changes = _kernel_counts(models, before, calibration.cost_model())
+    previous = target.with_name(target.name + ".previous")
     try:
+        if target.is_file():
+            shutil.copy2(target, previous)
         calibration.save(target)
         if args.profile_out:
             import json
@@ -109,9 +126,61 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"cannot write the calibration: {e.strerror or e}: {e.filename or target}") from None
     assert isinstance(calibration, Calibration)
-    _print_report(out, calibration, "calibration written to", str(target), as_json=args.json,
-                  full=args.report)
+    undo = _undo_text(target, previous if previous.is_file() else None)
+    if args.json:
+        out.json({**calibration.report, "file": str(target), "profile": calibration.profile.to_json(),
+                  "machine": calibration.machine, "cost_model_before": getattr(before, "name", ""),
+                  "kernels_per_model": {m: {"before": b, "after": a} for m, b, a in changes}, "undo": undo})
+        return 0
+    _print_report(out, calibration, "calibration written to", str(target), as_json=False, full=args.report)
+    if changes:
+        out.table(f"kernels per built-in model, planned with {getattr(before, 'name', 'the old model')} "
+                  "and with the new calibration", ("model", "before", "after"), changes)
+    if _engine_calibration() == target.resolve():
+        out.line("fuse, explain, run and bench now plan with this calibration by default")
+    else:
+        out.line(f"the engine plans with it when AUTOFUSION_CALIBRATION={target}")
+    out.line(undo)
     return 0
+
+
+def _compared_models(text: str) -> tuple[str, ...]:
+    from autofusion.models import builtin_names
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none")
+    unknown = [n for n in names if n not in builtin_names()]
+    if unknown:
+        raise CliError(f"--models: unknown model {unknown[0]!r} (built-in: {', '.join(builtin_names())})")
+    return names
+
+
+def _kernel_counts(models: Sequence[str], before: Any, after: Any) -> list[tuple[str, int, int]]:
+    """(model, kernels planned with ``before``, with ``after``) for built-in models at their default sizes."""
+    from autofusion.api import optimize
+    from autofusion.models import build
+
+    rows = []
+    for name in models:
+        graph = build(name)
+        rows.append((name, optimize(graph, cost_model=before).kernels, optimize(graph, cost_model=after).kernels))
+    return rows
+
+
+def _undo_text(target: Path, previous: Path | None) -> str:
+    if previous is not None:
+        return f"to undo: mv {previous} {target}  (the calibration it replaced)"
+    return f"to undo: rm {target}  (or set AUTOFUSION_CALIBRATION=none to plan without it)"
+
+
+def _engine_calibration() -> Path | None:
+    """The calibration file the engine loads by default now, resolved."""
+    from autofusion.decide.default_model import calibration_file
+
+    try:
+        found = calibration_file()
+    except ValueError:
+        return None
+    return found.resolve() if found is not None else None
 
 
 def _calibrate(args: argparse.Namespace) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 from autofusion.cli.cmd_fuse import add_plan_arguments, make_plan
 from autofusion.cli.common import Output
 from autofusion.decide.explain import explain_report
+from autofusion.decide.summary import cost_model_text
 
 
 def add_parser(subparsers: Any) -> None:
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         out.json(report)
         return 0
     limit = args.limit or None
+    out.line(f"cost model: {cost_model_text(report)}")
     out.table("rules that fired", ("rule", "kind", "where", "times"),
               [(r["rule"], r["kind"], r["where"], r["times"]) for r in report["rules"]][:limit])
     out.table("fused kernels", ("kernel", "template", "ops", "rules", "template from"),

@@ -76,7 +76,7 @@ def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autofusion.decide.summary import plan_summary
+    from autofusion.decide.summary import cost_model_text, plan_summary
     from autofusion.plugins import registry_with_plugins
 
     loaded, plan = make_plan(args)
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     s = summary
     out.fields(f"fusion plan for {loaded.source} ({s['strategy']}, {s['cost_model']})", [
+        ("cost model", cost_model_text(s)),
         ("kernels", f"{s['kernels_before']} -> {s['kernels_after']}"),
         ("intermediates materialised", f"{human_bytes(s['intermediate_bytes_before'])} -> "
                                        f"{human_bytes(s['intermediate_bytes_after'])}"),

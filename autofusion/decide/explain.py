@@ -31,6 +31,7 @@ def explain_report(plan: Plan) -> dict[str, Any]:
     unfused = [{"producer": u.producer, "consumer": u.consumer, "reason": str(u.reason), "detail": u.detail,
                 "ops": [graph.node_by_name[u.producer].op, graph.node_by_name[u.consumer].op]} for u in plan.unfused]
     reasons = Counter(u["reason"] for u in unfused)
-    return {"rules": rules, "kernels": kernels, "unfused": unfused, "reasons": dict(reasons),
+    return {"cost_model": stats.get("cost_model", ""), "cost_model_source": stats.get("cost_model_source", ""),
+            "rules": rules, "kernels": kernels, "unfused": unfused, "reasons": dict(reasons),
             "rewritten_nodes": dict(stats.get("rewritten_nodes", {})),
             "skipped_rules": dict(stats.get("skipped_rules", {}))}

@@ -25,6 +25,14 @@ def intermediate_bytes_fused(graph: Graph, groups: Iterable[FusedGroup]) -> int:
     return sum(graph.types[o].nbytes for g in groups if g.template != "view" for o in g.outputs if o not in outputs)
 
 
+def cost_model_text(stats: Any) -> str:
+    """Which cost model planned, and where its constants came from (a calibration file, a profile)."""
+    name, source = str(stats.get("cost_model", "")), str(stats.get("cost_model_source", ""))
+    if source.endswith(".json"):
+        return f"{name}, calibration {source} (AUTOFUSION_CALIBRATION=none plans with the analytic model)"
+    return f"{name}, {source}" if source else name
+
+
 def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) -> dict[str, Any]:
     """The fuse report's numbers (``source`` is the graph before rewrites)."""
     stats = plan.stats
@@ -38,6 +46,7 @@ def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) 
         "graph": source.name,
         "strategy": plan.strategy,
         "cost_model": stats.get("cost_model", ""),
+        "cost_model_source": stats.get("cost_model_source", ""),
         "kernels_before": int(stats.get("kernels_source", 0)),
         "kernels_after": plan.kernels,
         "intermediate_bytes_before": intermediate_bytes_unfused(source, registry),
