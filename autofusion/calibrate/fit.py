@@ -127,4 +127,5 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     matmul_peak = float(math.exp(params[2])) if fit_matmul else prior.matmul_peak_flops
     math_peak = float(math.exp(params[3])) if fit_math else prior.math_peak_flops
     return HardwareProfile(name, float(math.exp(params[1])), caches, float(bw[-1]), launch, overhead - launch,
-                           description, matmul_peak, math_peak, prior.op_seconds)
+                           description, matmul_peak, math_peak, prior.op_seconds,
+                           prior.package_watts, prior.joules_per_byte, prior.energy_source)  # energy: not measured

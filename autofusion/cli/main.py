@@ -19,6 +19,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "autofusion.cli.cmd_run",
     "autofusion.cli.cmd_fuse",
     "autofusion.cli.cmd_explain",
+    "autofusion.cli.cmd_compare",
     "autofusion.cli.cmd_viz",
     "autofusion.cli.cmd_plugins",
     "autofusion.cli.cmd_calibrate",

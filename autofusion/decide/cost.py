@@ -65,6 +65,10 @@ class HardwareProfile:
     matmul_peak_flops: float | None = None  # rate of opaque cores (GEMM, conv); None: peak_flops
     math_peak_flops: float | None = None  # rate of pointwise math routines (exp, erf); None: peak_flops
     op_seconds: FrozenMap[str, float] = field(default_factory=FrozenMap)  # measured compute per element, by op
+    # energy estimate: joules = seconds x package_watts + bytes moved x joules_per_byte (energy_source says why)
+    package_watts: float = 0.0
+    joules_per_byte: float = 0.0
+    energy_source: str = ""
 
     @property
     def matmul_flops_rate(self) -> float:
@@ -93,6 +97,10 @@ class HardwareProfile:
         """Bandwidth per level, cache levels first and DRAM last (indexed by :meth:`level_index`)."""
         return tuple(c.bandwidth for c in self.caches) + (self.dram_bandwidth,)
 
+    def joules(self, seconds: float, bytes_moved: float) -> float:
+        """Estimated energy of a run: the package's power for its time, plus its memory traffic."""
+        return seconds * self.package_watts + bytes_moved * self.joules_per_byte
+
     def replace(self, **changes: Any) -> HardwareProfile:
         from dataclasses import replace
 
@@ -108,6 +116,9 @@ class HardwareProfile:
         data["op_seconds"] = dict(sorted(self.op_seconds.items()))
         if not self.op_seconds:
             del data["op_seconds"]
+        for optional in ("package_watts", "joules_per_byte", "energy_source"):
+            if not data[optional]:
+                del data[optional]
         return data
 
     @classmethod
@@ -124,6 +135,9 @@ class HardwareProfile:
             matmul_peak_flops=float(data["matmul_peak_flops"]) if data.get("matmul_peak_flops") else None,
             math_peak_flops=float(data["math_peak_flops"]) if data.get("math_peak_flops") else None,
             op_seconds=FrozenMap({str(k): float(v) for k, v in dict(data.get("op_seconds", {})).items()}),
+            package_watts=float(data.get("package_watts", 0.0)),
+            joules_per_byte=float(data.get("joules_per_byte", 0.0)),
+            energy_source=str(data.get("energy_source", "")),
         )
 
     @classmethod

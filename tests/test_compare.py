@@ -1,0 +1,85 @@
+"""``autofusion compare``: every strategy under every cost model, predicted and measured side by side."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autofusion.api import optimize
+from autofusion.bench.compare import PlanRow, scatter_svg
+from autofusion.cli.main import main
+from autofusion.codegen import render_plan
+from autofusion.decide.cost import HardwareProfile
+from autofusion.models import build
+from autofusion.plugins import cost_model
+
+
+def compare(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
+    code = main(["compare", *argv, "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_predictions_per_strategy_and_cost_model(capsys: pytest.CaptureFixture[str]) -> None:
+    data = compare(capsys, "bert-tiny", "--strategies", "greedy,dp", "--cost-models", "analytic,analytic:nvidia-h200")
+    rows = data["rows"]
+    assert [(r["strategy"], r["cost_model"]) for r in rows] == [
+        ("greedy", "analytic:cpu-2core"), ("dp", "analytic:cpu-2core"),
+        ("greedy", "analytic:nvidia-h200"), ("dp", "analytic:nvidia-h200")]
+    graph = build("bert-tiny")
+    plan = optimize(graph, strategy="greedy", cost_model=cost_model("analytic"))
+    first = rows[0]
+    assert first["kernels"] == plan.kernels and first["predicted_seconds"] == pytest.approx(plan.cost_after.seconds)
+    buffers = render_plan(plan).buffers
+    assert buffers is not None and first["predicted_peak_bytes"] == buffers.footprint(2)  # the buffer planner's
+    cpu = HardwareProfile.load("cpu-2core")
+    assert first["predicted_joules"] == pytest.approx(cpu.joules(plan.cost_after.seconds, plan.cost_after.bytes))
+    assert first["measured_seconds"] is None and data["summary"] == {"measured": 0}
+    assert "Horowitz" in data["energy_sources"]["analytic:cpu-2core"]  # the constants' source is named
+    assert all(r["optimize_seconds"] > 0 for r in rows)
+
+
+def test_measured_plans_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = compare(capsys, "lstm-tiny", "--strategies", "greedy,beam", "--cost-models", "analytic", "--measure",
+                   "--rounds", "1", "--no-tune", "--html", str(tmp_path))
+    rows = data["rows"]
+    assert data["measured"] and all(r["measured_seconds"] > 0 and r["measured_peak_bytes"] > 0 for r in rows)
+    for r in rows:
+        assert r["time_error"] == pytest.approx((r["predicted_seconds"] - r["measured_seconds"]) / r["measured_seconds"])
+    assert data["summary"]["measured"] == len(rows)
+    page = (tmp_path / "compare.html").read_text()
+    assert page.count('<circle class="plan"') == len({r["plan_id"] for r in rows}) and "<table>" in page
+
+
+def test_the_text_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "bert-tiny", "--strategies", "greedy", "--cost-models", "analytic"]) == 0
+    out = capsys.readouterr().out
+    assert "plans of bert-tiny (2 threads)" in out and re.search(r"greedy\s+analytic:cpu-2core\s+\d+", out)
+    assert "energy of analytic:cpu-2core: cpu-2core: 7.5 W" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--strategies", "nope"], "unknown strategy 'nope'"),
+    (["--cost-models", "nope"], "unknown cost model 'nope'"),
+    (["--strategies", ","], "--strategies names nothing"),
+])
+def test_bad_options_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code = main(["compare", "bert-tiny", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_energy_is_time_at_package_power_plus_traffic() -> None:
+    cpu = HardwareProfile.load("cpu-2core")
+    assert cpu.package_watts > 0 and cpu.joules_per_byte > 0 and cpu.energy_source
+    assert cpu.joules(2.0, 1e9) == pytest.approx(2.0 * cpu.package_watts + 1e9 * cpu.joules_per_byte)
+    assert HardwareProfile.from_json(cpu.to_json()) == cpu
+
+
+def test_no_measurement_draws_no_plot() -> None:
+    row = PlanRow("greedy", "analytic", "", 3, 1e-3, 10, 1e-2, 0.1, 0)
+    assert scatter_svg([row]) == "" and row.time_error is None
