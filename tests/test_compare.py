@@ -51,6 +51,7 @@ def test_measured_plans_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     for r in rows:
         assert r["time_error"] == pytest.approx((r["predicted_seconds"] - r["measured_seconds"]) / r["measured_seconds"])
     assert data["summary"]["measured"] == len(rows)
+    assert all(r["predicted_seconds_tuned_cores"] is None for r in rows)  # --no-tune: no measured core rate
     page = (tmp_path / "compare.html").read_text()
     assert page.count('<circle class="plan"') == len({r["plan_id"] for r in rows}) and "<table>" in page
 
@@ -83,3 +84,40 @@ def test_energy_is_time_at_package_power_plus_traffic() -> None:
 def test_no_measurement_draws_no_plot() -> None:
     row = PlanRow("greedy", "analytic", "", 3, 1e-3, 10, 1e-2, 0.1, 0)
     assert scatter_svg([row]) == "" and row.time_error is None
+
+
+def one_matmul_onnx(path: Path) -> Path:
+    """x @ w + b -> Relu, large enough (2 x 64 x 512 x 512 FLOP) for the tuner to measure its core."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(512).astype(np.float32), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 512])], [w, b])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_tuned_cores_price_the_plan_again(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.bench.compare import plan_seconds, with_core_rate
+    from autofusion.frontends.onnx_import import load_onnx
+
+    monkeypatch.setenv("AUTOFUSION_TUNE", "1")
+    monkeypatch.setenv("AUTOFUSION_CACHE", str(tmp_path / "cache"))  # a tuning cache of this test's own
+    model = one_matmul_onnx(tmp_path / "dense.onnx")
+    data = compare(capsys, str(model), "--strategies", "greedy", "--cost-models", "analytic", "--measure",
+                   "--rounds", "1")
+    (row,) = data["rows"]
+    rate = row["tuned_core_flops_per_second"]
+    assert rate is not None and rate > 1e8  # the tuner measured the plan's matrix product here
+    plan = optimize(load_onnx(str(model)), strategy="greedy", cost_model=cost_model("analytic"))
+    priced = with_core_rate(cost_model("analytic"), rate)
+    assert priced is not None and row["predicted_seconds_tuned_cores"] == pytest.approx(plan_seconds(plan, priced))
+    assert row["tuned_time_error"] == pytest.approx(
+        (row["predicted_seconds_tuned_cores"] - row["measured_seconds"]) / row["measured_seconds"])

@@ -11,6 +11,7 @@ one process; measured memory is what the runtime allocated for a call (its works
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,16 +40,44 @@ class PlanRow:
     plan_id: int  # rows with one id have the same groups (one plan, compiled and measured once)
     measured_seconds: float | None = None
     measured_peak_bytes: int | None = None
+    # the same plan priced with its matrix products at the rate the tuner measured for them here
+    predicted_seconds_tuned_cores: float | None = None
+    tuned_core_flops_per_second: float | None = None
 
     @property
     def time_error(self) -> float | None:
         """(predicted - measured) / measured, when measured."""
-        if self.measured_seconds is None or self.measured_seconds <= 0:
-            return None
-        return (self.predicted_seconds - self.measured_seconds) / self.measured_seconds
+        return _error(self.predicted_seconds, self.measured_seconds)
+
+    @property
+    def tuned_time_error(self) -> float | None:
+        """The same error of the prediction with the cores at their tuned rate."""
+        return _error(self.predicted_seconds_tuned_cores, self.measured_seconds)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "time_error": self.time_error}
+        return {**asdict(self), "time_error": self.time_error, "tuned_time_error": self.tuned_time_error}
+
+
+def _error(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or measured is None or measured <= 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def with_core_rate(model: CostModel, flops_per_second: float) -> CostModel | None:
+    """``model`` with its matrix products priced at ``flops_per_second`` (a copy; None for a model
+    without a hardware profile to change)."""
+    profile = getattr(model, "profile", None)
+    if not isinstance(profile, HardwareProfile):
+        return None
+    priced = copy.copy(model)
+    priced.profile = profile.replace(matmul_peak_flops=flops_per_second)  # type: ignore[attr-defined]
+    return priced
+
+
+def plan_seconds(plan: Plan, model: CostModel) -> float:
+    """What ``model`` predicts for ``plan``'s groups (the plan's own prediction, for its own model)."""
+    return sum(model.group_cost(plan.graph, list(g.nodes)).seconds for g in plan.groups)
 
 
 def profile_of(model: CostModel) -> HardwareProfile:
@@ -111,12 +140,17 @@ def measure_plans(rows: Sequence[PlanRow], runners: Mapping[int, Callable[[], ob
 
 
 def summary(rows: Sequence[PlanRow]) -> dict[str, Any]:
-    """Errors of the measured rows: median and worst absolute relative error of predicted time."""
+    """Errors of the measured rows: median and worst absolute relative error of predicted time (and
+    of the prediction with tuned cores, where the tuner measured them)."""
     errors = [abs(e) for r in rows if (e := r.time_error) is not None]
     if not errors:
         return {"measured": 0}
-    return {"measured": len(errors), "median_abs_time_error": float(np.median(errors)),
-            "max_abs_time_error": float(max(errors))}
+    out: dict[str, Any] = {"measured": len(errors), "median_abs_time_error": float(np.median(errors)),
+                           "max_abs_time_error": float(max(errors))}
+    tuned = [abs(e) for r in rows if (e := r.tuned_time_error) is not None]
+    if tuned:
+        out.update(median_abs_tuned_time_error=float(np.median(tuned)), max_abs_tuned_time_error=float(max(tuned)))
+    return out
 
 
 def scatter_svg(rows: Sequence[PlanRow], width: int = 420, height: int = 320) -> str:

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     rows, plans = compare_plans(loaded.graph, strategies, cost_models, plan, args.threads,
                                 lambda p: render_plan(p).buffers.footprint(args.threads))  # type: ignore[union-attr]
     if args.measure:
-        rows = _measured(args, loaded.graph, rows, plans)
+        rows = _measured(args, loaded.graph, rows, plans, cost_models)
     data = {"model": loaded.source, "threads": args.threads, "measured": bool(args.measure),
             "rows": [r.to_json() for r in rows], "summary": summary(rows),
             "energy_sources": {name: _energy_source(m) for name, m in cost_models.items()}}
@@ -122,11 +122,14 @@ def _energy_source(model: Any) -> str:
     return f"{profile.name}: {profile.package_watts:g} W, {profile.joules_per_byte:g} J/byte ({profile.energy_source})"
 
 
-def _measured(args: argparse.Namespace, graph: Any, rows: Any, plans: dict[int, Any]) -> Any:
-    """Rows with measured times; each plan's first run is checked against the reference interpreter."""
+def _measured(args: argparse.Namespace, graph: Any, rows: Any, plans: dict[int, Any], cost_models: Any) -> Any:
+    """Rows with measured times, and each plan priced again with its cores at their tuned rate; each
+    plan's first run is checked against the reference interpreter."""
+    from dataclasses import replace
+
     import numpy as np
 
-    from autofusion.bench.compare import measure_plans
+    from autofusion.bench.compare import measure_plans, plan_seconds, with_core_rate
     from autofusion.bench.environment import limit_threads
     from autofusion.ir import run_graph
     from autofusion.models import random_inputs
@@ -135,7 +138,7 @@ def _measured(args: argparse.Namespace, graph: Any, rows: Any, plans: dict[int, 
     limit_threads(args.threads)
     feeds = random_inputs(graph, seed=0)
     want = run_graph(graph, feeds, plans[0].registry)
-    runners, allocated = {}, {}
+    runners, allocated, rates = {}, {}, {}
     for pid, p in plans.items():
         with tune_progress() as progress:
             model = CompiledModel(p, threads=args.threads, tune=tune_wanted(args), progress=progress)
@@ -147,14 +150,37 @@ def _measured(args: argparse.Namespace, graph: Any, rows: Any, plans: dict[int, 
         runners[pid] = (lambda m: (lambda: m.run(feeds)))(model)
         blocks = model.source.buffers.thread_bytes if model.source.buffers is not None else 0
         allocated[pid] = model.workspaces.nbytes + args.threads * blocks
-    return measure_plans(rows, runners, allocated, args.rounds)
+        rates[pid] = _tuned_core_rate(model, args.threads)
+    rows = measure_plans(rows, runners, allocated, args.rounds)
+    out = []
+    for r in rows:
+        rate = rates.get(r.plan_id)
+        priced = with_core_rate(cost_models[r.cost_model], rate) if rate else None
+        out.append(r if priced is None else replace(r, predicted_seconds_tuned_cores=plan_seconds(plans[r.plan_id], priced),
+                                                    tuned_core_flops_per_second=rate))
+    return out
+
+
+def _tuned_core_rate(model: Any, threads: int) -> float | None:
+    """FLOP/s of the plan's matrix products alone, as the tuner measured them on this machine."""
+    store = getattr(model.chooser, "store", None)
+    if store is None:
+        return None
+    flops, seconds = 0, 0.0
+    for kernel in model.source.kernels:
+        for spec, _ in kernel.cores:
+            measured = store.seconds(spec, threads)
+            if measured is not None:
+                flops, seconds = flops + spec.flops, seconds + measured
+    return flops / seconds if seconds > 0 else None
 
 
 def _print(out: Output, data: dict[str, Any]) -> None:
     measured = data["measured"]
     head = ["strategy", "cost model", "kernels", "pred ms", "pred peak MiB", "pred J", "optimize s", "plan"]
+    tuned = any(r["predicted_seconds_tuned_cores"] is not None for r in data["rows"])
     if measured:
-        head += ["measured ms", "error"]
+        head += ["measured ms", "error"] + (["pred ms, tuned cores", "error"] if tuned else [])
     rows = []
     for r in data["rows"]:
         row = [r["strategy"], r["cost_model"], r["kernels"], round(r["predicted_seconds"] * 1e3, 3),
@@ -163,6 +189,9 @@ def _print(out: Output, data: dict[str, Any]) -> None:
         if measured:
             err = r["time_error"]
             row += [round(r["measured_seconds"] * 1e3, 3), "" if err is None else f"{err:+.1%}"]
+            if tuned:
+                t, terr = r["predicted_seconds_tuned_cores"], r["tuned_time_error"]
+                row += ["" if t is None else round(t * 1e3, 3), "" if terr is None else f"{terr:+.1%}"]
         rows.append(row)
     out.table(f"plans of {data['model']} ({data['threads']} threads)", head, rows)
     for name, source in data["energy_sources"].items():
@@ -171,5 +200,8 @@ def _print(out: Output, data: dict[str, Any]) -> None:
     if s.get("measured"):
         out.line(f"predicted time vs measured: median error {s['median_abs_time_error']:.1%}, "
                  f"worst {s['max_abs_time_error']:.1%}")
+    if "median_abs_tuned_time_error" in s:
+        out.line(f"with the cores at their tuned rate: median error {s['median_abs_tuned_time_error']:.1%}, "
+                 f"worst {s['max_abs_tuned_time_error']:.1%}")
     if data.get("html"):
         out.line(f"wrote {data['html']}")

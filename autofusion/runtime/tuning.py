@@ -121,6 +121,12 @@ class TuningStore:
         # a stored choice the core cannot take (a file written by other code) is not forced on it
         return None if entry is None else CoreChoice(entry["impl"], entry["kc"]).fitting(spec)
 
+    def seconds(self, spec: CoreSpec, threads: int) -> float | None:
+        """The fastest time measured for the core alone on ``threads`` (its chosen candidate's), or None."""
+        entry = self.entries.get(self.entry_key(spec, threads))
+        times = [float(v) for v in (entry or {}).get("times_ms", {}).values() if float(v) > 0]
+        return min(times) / 1e3 if times else None
+
     def put(self, spec: CoreSpec, threads: int, choice: CoreChoice, times_ms: Mapping[str, float]) -> None:
         with self._lock:
             self._put(spec, threads, choice, times_ms)
