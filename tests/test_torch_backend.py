@@ -226,3 +226,53 @@ def test_compiled_module_is_correct_from_eight_threads_at_once(problems_from_thr
             return {"y": compiled(x).numpy()}
 
     assert problems_from_threads(call, inputs, threads=8, calls=200) == []
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block as torchvision writes it: ReLU(inplace=True) after each norm."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+        self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + x)
+
+
+def test_inplace_relu_of_a_cnn_fuses_into_one_partition():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True), BasicBlock())
+    _randomize_batchnorm(model)
+    recorder = Recorder()
+    _check(model, torch.randn(2, 3, 12, 12), backend=recorder)
+    assert recorder.compiled_partitions() == 1  # no ReLU left to eager between the convolutions
+    graph = next(r for r in recorder.results if isinstance(r, torch.fx.GraphModule)).graph
+    assert not [n for n in graph.nodes if n.op == "call_function" and "relu" in str(n.target)]
+
+
+class SeenUpdate(nn.Module):
+    """In-place updates someone sees: of a caller's tensor, and of a value read again afterwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        r = torch.nn.functional.relu(h, inplace=True)
+        return r * 2 + h  # h is read after its update: eager sees relu(h) here
+
+
+def test_an_inplace_update_someone_sees_stays_correct():
+    torch.manual_seed(0)
+    _check(SeenUpdate(), torch.randn(4, 8))
+    x = torch.randn(4, 8)
+    expected = x.clone().relu_() + 1
+    got_input = x.clone()
+    out = torch.compile(lambda t: t.relu_() + 1, backend="autofusion")(got_input)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(got_input, expected - 1)  # the caller's tensor was updated, as in eager

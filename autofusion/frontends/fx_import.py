@@ -256,10 +256,23 @@ def _tensors_ok(node: Any) -> bool:
         hasattr(a, "meta") for a in node.args[:2])
 
 
+def _inplace_ok(node: Any) -> bool:
+    """An in-place update (``relu(x, inplace=True)``, ``x.relu_()``) computes the same as its
+    out-of-place form when nobody can see ``x`` change: ``x`` is an intermediate of this graph (not a
+    caller's input, a parameter or a buffer), and every other reader of ``x`` comes before the update.
+    ``nn.ReLU(inplace=True)`` after a convolution or a norm, as CNNs write it, is that case."""
+    source = node.args[0] if node.args else None
+    if source is None or getattr(source, "op", None) not in ("call_function", "call_method", "call_module"):
+        return False
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return all(order[user] < order[node] for user in source.users if user is not node)
+
+
 HANDLERS: Mapping[str, Handler] = {
     "linear": _linear,
     "conv2d": _conv2d,
     "relu": _unary("Relu"),
+    "relu_": _unary("Relu"),  # only where no one sees the update (ARG_CHECKS)
     "gelu": _gelu,
     "tanh": _unary("Tanh"),
     "sigmoid": _unary("Sigmoid"),
@@ -303,9 +316,10 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "div": lambda node: _div_ok(node) and _tensors_ok(node),
     "truediv": _tensors_ok,
     "contiguous": lambda node: len(node.args) == 1 and not node.kwargs,
-    # an in-place update is seen by later readers of its input: only out-of-place forms are converted
-    "relu": lambda node: not bool(_arg(node, 1, "inplace", False)),
+    "relu": lambda node: not bool(_arg(node, 1, "inplace", False)) or _inplace_ok(node),
+    "relu_": _inplace_ok,
 }
+
 
 
 def fx_to_graph(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool], name: str = "torch_fx") -> Graph:
