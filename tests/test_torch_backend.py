@@ -276,3 +276,51 @@ def test_an_inplace_update_someone_sees_stays_correct():
     out = torch.compile(lambda t: t.relu_() + 1, backend="autofusion")(got_input)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(got_input, expected - 1)  # the caller's tensor was updated, as in eager
+
+
+class Gpt2Style(nn.Module):
+    """What GPT-2 and BERT blocks emit beyond linear layers: addmm (Conv1D), a split of the fused
+    QKV read by getitem, torch.pow, a key cache started from torch.tensor([]) and concatenated, and
+    scaled_dot_product_attention, causal or with a float mask."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.w = nn.Parameter(torch.randn(dim, 3 * dim) * 0.2)
+        self.b = nn.Parameter(torch.randn(3 * dim) * 0.1)
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        qkv = torch.addmm(self.b, x.view(-1, d), self.w).view(b, t, 3 * d)
+        q, k, v = qkv.split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        k = torch.cat([torch.tensor([], dtype=torch.float32), k], dim=-2)  # an empty cache's start
+        causal = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        masked = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+        y = (causal + masked).transpose(1, 2).reshape(b, t, d)
+        return 0.5 * y * (1.0 + torch.tanh(0.79788456 * (y + 0.044715 * torch.pow(y, 3.0))))
+
+
+def test_transformer_ops_of_real_models_convert_into_one_partition():
+    torch.manual_seed(0)
+    recorder = Recorder()
+    x, mask = torch.randn(2, 5, 16), torch.randn(2, 1, 5, 5)
+    _check(Gpt2Style(), x, mask, backend=recorder)
+    assert recorder.compiled_partitions() == 1
+    graph = next(r for r in recorder.results if isinstance(r, torch.fx.GraphModule)).graph
+    eager = [str(n.target) for n in graph.nodes if n.op in ("call_function", "call_method")]
+    assert not eager, eager  # everything runs in the SuperKernel
+
+
+def test_a_boolean_attention_mask_stays_eager_and_correct():
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 4, 8)
+    mask = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+
+    def attend(q):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask) * 2
+
+    expected = attend(q)
+    with torch.no_grad():
+        got = torch.compile(attend, backend="autofusion")(q)
+    torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)

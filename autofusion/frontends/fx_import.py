@@ -39,7 +39,8 @@ def target_key(node: Any) -> str | None:
     if opname is not None and type(target).__module__.startswith("torch"):
         return str(opname)
     module = getattr(target, "__module__", None) or ""
-    if target in (operator.add, operator.mul, operator.sub, operator.truediv, operator.matmul, operator.neg):
+    if target in (operator.add, operator.mul, operator.sub, operator.truediv, operator.matmul, operator.neg,
+                  operator.getitem):
         return target.__name__
     if module == "torch" or module.startswith("torch.") or module.startswith("torch._C"):
         return getattr(target, "__name__", None)
@@ -59,19 +60,30 @@ def static_float_tensor(value: Any) -> bool:
             and all(type(d) is int for d in value.shape))
 
 
+def static_float_tensors(value: Any) -> bool:
+    """A tuple or list of static float32 tensors (what a split returns)."""
+    return isinstance(value, (tuple, list)) and bool(value) and all(static_float_tensor(v) for v in value)
+
+
 def is_convertible(node: Any) -> bool:
-    """Whether ``node`` is a torch op this converter handles with a static float32 output."""
+    """Whether ``node`` is a torch op this converter handles with a static float32 output (a tuple
+    of them for a split)."""
     key = target_key(node)
-    return (key in HANDLERS and static_float_tensor(example_value(node)) and _tensor_args_ok(node)
-            and _args_ok(node))
+    value = example_value(node)
+    produced = static_float_tensors(value) if key in MULTI_OUTPUT else static_float_tensor(value)
+    return key in HANDLERS and produced and _tensor_args_ok(node) and _args_ok(node)
 
 
 def _tensor_args_ok(node: Any) -> bool:
-    """Every FX node among the arguments must be a static float32 tensor (no sizes, ints or tuples)."""
+    """Every FX node among the arguments must be a static float32 tensor (no sizes, ints or tuples;
+    a getitem reads one tensor of a split's tuple)."""
     import torch.fx
 
     found: list[Any] = []
     torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    if target_key(node) == "getitem":
+        return len(found) == 1 and target_key(found[0]) in MULTI_OUTPUT and static_float_tensors(
+            example_value(found[0]))
     return all(static_float_tensor(example_value(a)) for a in found)
 
 
@@ -85,6 +97,7 @@ class _Converter:
         self.b = builder
         self.env = env
         self.consts: dict[str, np.ndarray] = {}
+        self.multi: dict[Any, tuple[str, ...]] = {}  # a split's node -> its parts
 
     def tensor(self, arg: Any) -> str:
         """The IR tensor for an FX argument: a converted node, or a Python scalar as a constant."""
@@ -93,6 +106,13 @@ class _Converter:
         if arg in self.env:
             return self.env[arg]
         raise FxConversionError(f"argument {arg!r} is not a tensor the converter knows")
+
+    def parts(self, arg: Any) -> tuple[str, ...]:
+        """The IR tensors of a multi-output node (a split)."""
+        found = self.multi.get(arg)
+        if found is None:
+            raise FxConversionError(f"argument {arg!r} is not a split the converter knows")
+        return found
 
     def const_value(self, arg: Any) -> np.ndarray | None:
         name = self.env.get(arg) if not isinstance(arg, (int, float)) else None
@@ -238,6 +258,104 @@ def _dropout_ok(node: Any) -> bool:
     return not bool(_arg(node, 2, "training", True))
 
 
+def _addmm(cv: _Converter, node: Any) -> str:
+    """``addmm(bias, x, w)``: x @ w + bias (GPT-2's Conv1D)."""
+    return cv.b.op("Add", cv.b.op("MatMul", cv.tensor(node.args[1]), cv.tensor(node.args[2])), cv.tensor(node.args[0]))
+
+
+def _addmm_ok(node: Any) -> bool:
+    return len(node.args) == 3 and node.kwargs.get("beta", 1) == 1 and node.kwargs.get("alpha", 1) == 1
+
+
+def _pow(cv: _Converter, node: Any) -> str:
+    return cv.b.op("Pow", cv.tensor(node.args[0]), cv.b.const(np.asarray(float(node.args[1]), np.float32)))
+
+
+def _pow_ok(node: Any) -> bool:
+    return len(node.args) == 2 and isinstance(node.args[1], (int, float)) and not isinstance(node.args[1], bool)
+
+
+def _new_tensor(cv: _Converter, node: Any) -> str:
+    """``torch.tensor(data)``: the data as a constant (e.g. the empty start of a key cache)."""
+    return cv.b.const(np.asarray(node.args[0], np.float32))
+
+
+def _new_tensor_ok(node: Any) -> bool:
+    def numbers(v: Any) -> bool:
+        if isinstance(v, (list, tuple)):
+            return all(numbers(x) for x in v)
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    return len(node.args) == 1 and numbers(node.args[0])
+
+
+def _cat(cv: _Converter, node: Any) -> str:
+    """``cat(tensors, dim)``; empty tensors (a cache's empty start) drop out, as torch treats them."""
+    parts = [a for a in node.args[0] if example_value(a).numel() > 0]
+    if len(parts) == 1:
+        return cv.tensor(parts[0])
+    return cv.b.op("Concat", *(cv.tensor(a) for a in parts), axis=int(_arg(node, 1, "dim", 0)))
+
+
+def _cat_ok(node: Any) -> bool:
+    tensors = node.args[0] if node.args else None
+    return isinstance(tensors, (list, tuple)) and any(example_value(a).numel() > 0 for a in tensors)
+
+
+def _split(cv: _Converter, node: Any) -> str:
+    """``x.split(size, dim)`` into its parts (read by getitem)."""
+    sizes = [int(v.shape[int(_arg(node, 2, "dim", 0))]) for v in example_value(node)]
+    axis = int(_arg(node, 2, "dim", 0))
+    parts = cv.b.op_multi("Split", [cv.tensor(node.args[0]), cv.b.const(np.asarray(sizes, np.int64))], len(sizes),
+                          axis=axis)
+    cv.multi[node] = tuple(parts)
+    return parts[0]
+
+
+def _getitem(cv: _Converter, node: Any) -> str:
+    return cv.parts(node.args[0])[int(node.args[1])]
+
+
+def _getitem_ok(node: Any) -> bool:
+    return len(node.args) == 2 and isinstance(node.args[1], int)
+
+
+def _attention(cv: _Converter, node: Any) -> str:
+    """``scaled_dot_product_attention(q, k, v)``: softmax(q k^T * scale + mask) v, as the attention
+    rules expect it; ``is_causal`` adds -inf above the diagonal, a float mask is added."""
+    q, k, v = (node.args[i] for i in range(3))
+    shape_q, shape_k = _shape_of(q), _shape_of(k)
+    rank = len(shape_q)
+    perm = list(range(rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    scores = cv.b.op("MatMul", cv.tensor(q), cv.b.op("Transpose", cv.tensor(k), perm=perm))
+    scale = _arg(node, 6, "scale")
+    scale = float(scale) if scale is not None else 1.0 / float(np.sqrt(shape_q[-1]))
+    scores = cv.b.op("Mul", scores, cv.b.const(np.asarray(scale, np.float32)))
+    mask = _arg(node, 3, "attn_mask")
+    if mask is not None:
+        scores = cv.b.op("Add", scores, cv.tensor(mask))
+    if bool(_arg(node, 5, "is_causal", False)):
+        length, source = shape_q[-2], shape_k[-2]
+        causal = np.triu(np.full((length, source), -np.inf, np.float32), k=1 + source - length)
+        scores = cv.b.op("Add", scores, cv.b.const(causal))
+    return cv.b.op("MatMul", cv.b.op("Softmax", scores, axis=-1), cv.tensor(v))
+
+
+def _attention_ok(node: Any) -> bool:
+    mask = _arg(node, 3, "attn_mask")
+    if mask is not None and not static_float_tensor(example_value(mask)):
+        return False  # a boolean mask stays eager
+    if float(_arg(node, 4, "dropout_p", 0.0)) != 0.0 or node.kwargs.get("enable_gqa", False):
+        return False
+    shapes = [_shape_of(node.args[i]) for i in range(3)] if len(node.args) >= 3 else []
+    return bool(shapes) and shapes[0][:-2] == shapes[1][:-2] == shapes[2][:-2] and shapes[1][-2] == shapes[2][-2]
+
+
+def _shape_of(arg: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in example_value(arg).shape)
+
+
 def _rsqrt(cv: _Converter, node: Any) -> str:
     return cv.b.op("Reciprocal", cv.b.op("Sqrt", cv.tensor(node.args[0])))
 
@@ -273,6 +391,13 @@ HANDLERS: Mapping[str, Handler] = {
     "conv2d": _conv2d,
     "relu": _unary("Relu"),
     "relu_": _unary("Relu"),  # only where no one sees the update (ARG_CHECKS)
+    "addmm": _addmm,
+    "pow": _pow,
+    "tensor": _new_tensor,
+    "cat": _cat,
+    "split": _split,
+    "getitem": _getitem,
+    "scaled_dot_product_attention": _attention,
     "gelu": _gelu,
     "tanh": _unary("Tanh"),
     "sigmoid": _unary("Sigmoid"),
@@ -318,7 +443,15 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "contiguous": lambda node: len(node.args) == 1 and not node.kwargs,
     "relu": lambda node: not bool(_arg(node, 1, "inplace", False)) or _inplace_ok(node),
     "relu_": _inplace_ok,
+    "addmm": _addmm_ok,
+    "pow": _pow_ok,
+    "tensor": _new_tensor_ok,
+    "cat": _cat_ok,
+    "split": lambda node: isinstance(_arg(node, 1, "split_size"), (int, list, tuple)),
+    "getitem": _getitem_ok,
+    "scaled_dot_product_attention": _attention_ok,
 }
+MULTI_OUTPUT = frozenset({"split"})  # ops whose value is a tuple of tensors
 
 
 
@@ -357,10 +490,11 @@ def fx_to_graph(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[boo
             if not is_convertible(node):
                 raise FxConversionError(f"node {node.name} ({node.target}) is not supported")
             env[node] = HANDLERS[target_key(node) or ""](cv, node)
-            expected = _out_shape(node)
-            if builder.type_of(env[node]).shape != expected:
-                raise FxConversionError(f"node {node.name}: IR shape {builder.type_of(env[node]).shape} "
-                                        f"differs from torch's {expected}")
+            got = [builder.type_of(t).shape for t in cv.multi.get(node, (env[node],))]
+            values = example_value(node)
+            expected = [tuple(int(d) for d in v.shape) for v in (values if node in cv.multi else (values,))]
+            if got != expected:
+                raise FxConversionError(f"node {node.name}: IR shape {got} differs from torch's {expected}")
         else:
             raise FxConversionError(f"FX node kind {node.op!r} is not supported")
     if len(set(outputs)) != len(outputs) or any(o in input_names or o in cv.consts for o in outputs):
