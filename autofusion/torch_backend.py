@@ -9,18 +9,34 @@ Parameters and buffers are frozen: their values are copied into the compiled ker
 graph is compiled, so later changes to the module's weights are not seen (recompile instead).
 Inference only: compiled parts do not record gradients.
 
+Each compile logs one line (logger ``autofusion.torch``, INFO; on stderr with ``AUTOFUSION_LOG=1``):
+how many ops went to autofusion in how many partitions, and which ops stayed eager and why.
+
 Registered through the ``torch_dynamo_backends`` entry point; torch is imported only when called.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from autofusion.frontends.fx_import import FxConversionError, example_value, fx_to_graph, is_convertible
+from autofusion.frontends.fx_import import (
+    FxConversionError,
+    example_value,
+    fx_to_graph,
+    is_convertible,
+    target_key,
+    why_not_convertible,
+)
+
+_LOG = logging.getLogger("autofusion.torch")
 
 
 class AutofusionFallbackWarning(UserWarning):
@@ -122,6 +138,7 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
         node.meta["_autofusion_real"] = value  # real tensors when Dynamo passes them (it does by default)
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
+    _log_summary(gm, partitions)
     if not partitions:
         return gm.forward
     fused = partitioner.fuse_partitions(partitions)
@@ -139,6 +156,29 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
         _install(fused, node, runner)
         compiled_any = True
     return fused if compiled_any else gm.forward
+
+
+def compile_summary(gm: Any, partitions: Sequence[Any]) -> str:
+    """One line on what a compile does with a graph: its ops, how many go to autofusion in how many
+    partitions, and each op left to eager with the reason."""
+    ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    fused = sum(len(p.nodes) for p in partitions)
+    eager: Counter[str] = Counter()
+    for node in ops:
+        reason = why_not_convertible(node)
+        if reason:
+            eager[f"{target_key(node) or node.target} ({reason})"] += 1
+    left = ", ".join(f"{what} x{n}" for what, n in eager.most_common()) or "none"
+    return (f"autofusion: {len(ops)} ops, {fused} fused in {len(partitions)} partition(s); "
+            f"left to eager: {left}")
+
+
+def _log_summary(gm: Any, partitions: Sequence[Any]) -> None:
+    """The summary at INFO on the ``autofusion.torch`` logger, and on stderr with AUTOFUSION_LOG=1."""
+    text = compile_summary(gm, partitions)
+    _LOG.info(text)
+    if os.environ.get("AUTOFUSION_LOG", "").strip() not in ("", "0"):
+        print(text, file=sys.stderr)
 
 
 def _install(fused: Any, node: Any, runner: AutofusionSubmodule) -> None:

@@ -324,3 +324,18 @@ def test_a_boolean_attention_mask_stays_eager_and_correct():
     with torch.no_grad():
         got = torch.compile(attend, backend="autofusion")(q)
     torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)
+
+
+def test_each_compile_says_what_it_fused_and_what_stayed_eager(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AUTOFUSION_LOG", "1")
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    def f(x):
+        return model(x).cumsum(0)  # cumsum is not converted
+
+    with torch.no_grad():
+        torch.compile(f, backend="autofusion")(torch.randn(3, 8))
+    err = capsys.readouterr().err
+    assert "autofusion: 3 ops, 2 fused in 1 partition(s); left to eager: cumsum (op not supported) x1" in err

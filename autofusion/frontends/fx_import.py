@@ -74,6 +74,21 @@ def is_convertible(node: Any) -> bool:
     return key in HANDLERS and produced and _tensor_args_ok(node) and _args_ok(node)
 
 
+def why_not_convertible(node: Any) -> str:
+    """Why :func:`is_convertible` says no for ``node``, in a few words ("" when it says yes)."""
+    key = target_key(node)
+    if key not in HANDLERS:
+        return "op not supported"
+    value = example_value(node)
+    if not (static_float_tensors(value) if key in MULTI_OUTPUT else static_float_tensor(value)):
+        return "output not a static float32 tensor"
+    if not _tensor_args_ok(node):
+        return "an input not a static float32 tensor"
+    if not _args_ok(node):
+        return "arguments not supported"
+    return ""
+
+
 def _tensor_args_ok(node: Any) -> bool:
     """Every FX node among the arguments must be a static float32 tensor (no sizes, ints or tuples;
     a getitem reads one tensor of a split's tuple)."""
