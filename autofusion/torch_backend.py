@@ -6,7 +6,8 @@ The FX graph Dynamo captures is split into maximal runs of supported nodes
 Everything else, and any run whose conversion or compilation fails, stays in eager PyTorch.
 
 Parameters and buffers are frozen: their values are copied into the compiled kernels when the
-graph is compiled, so later changes to the module's weights are not seen (recompile instead).
+graph is compiled. Every call checks them (storage and version counter), and a partition whose
+frozen values changed since is compiled again with the current ones.
 Inference only: compiled parts do not record gradients.
 
 Each compile logs one line (logger ``autofusion.torch``, INFO; on stderr with ``AUTOFUSION_LOG=1``):
@@ -22,7 +23,7 @@ import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,24 +45,50 @@ class AutofusionFallbackWarning(UserWarning):
 
 
 class AutofusionSubmodule:
-    """Runs one compiled partition: torch tensors in, float32 numpy through the C library, torch tensors out."""
+    """Runs one compiled partition: torch tensors in, float32 numpy through the C library, torch tensors out.
+
+    The frozen parameters are checked on every call (the tensor and its version counter): a
+    parameter replaced or updated in place since the compile makes ``rebuild`` compile the partition
+    again with the current values, so the kernels never compute with stale weights."""
 
     def __init__(self, model: Any, input_names: Sequence[str], runtime_positions: Sequence[int],
-                 output_names: Sequence[str], single_output: bool) -> None:
+                 output_names: Sequence[str], single_output: bool, state_positions: Sequence[int] = (),
+                 state: tuple[tuple[int, int], ...] = (),
+                 rebuild: Callable[[Sequence[Any]], AutofusionSubmodule] | None = None) -> None:
         self.model = model
         self.input_names = tuple(input_names)
         self.runtime_positions = tuple(runtime_positions)
         self.output_names = tuple(output_names)
         self.single_output = single_output
+        self.state_positions = tuple(state_positions)
+        self.state = state
+        self.rebuild = rebuild
+        self.rebuilds = 0
 
     def __call__(self, *args: Any) -> Any:
         import torch
 
+        if self.state_positions and state_signature(args[i] for i in self.state_positions) != self.state:
+            self._refreeze(args)
         feeds = {name: np.ascontiguousarray(args[pos].detach().cpu().to(torch.float32).numpy())
                  for name, pos in zip(self.input_names, self.runtime_positions)}
         results = self.model.run(feeds)
         outs = tuple(torch.from_numpy(results[name]) for name in self.output_names)
         return outs[0] if self.single_output else outs
+
+    def _refreeze(self, args: Sequence[Any]) -> None:
+        if self.rebuild is None:
+            raise RuntimeError("autofusion: a frozen parameter changed and this partition cannot be rebuilt")
+        _LOG.info("autofusion: a frozen parameter changed since the compile; compiling its partition again")
+        fresh = self.rebuild(args)
+        self.model, self.state = fresh.model, fresh.state
+        self.rebuilds += 1
+
+
+def state_signature(tensors: Iterable[Any]) -> tuple[tuple[int, int], ...]:
+    """What identifies the values of frozen tensors: storage and version counter (bumped by every
+    in-place update)."""
+    return tuple((int(t.data_ptr()), int(t._version)) for t in tensors)
 
 
 def _is_state(node: Any, value: Any) -> bool:
@@ -86,8 +113,10 @@ def _real_value(node: Any, value: Any) -> Any:
     return None if example is None or isinstance(example, FakeTensor) else example
 
 
-def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str) -> AutofusionSubmodule:
-    """Convert, optimize and compile one fused partition; raises on anything unsupported."""
+def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
+                       current: Sequence[Any] | None = None) -> AutofusionSubmodule:
+    """Convert, optimize and compile one fused partition; raises on anything unsupported.
+    ``current``: the partition's call arguments, whose frozen ones replace the compile-time values."""
     from autofusion.api import optimize
     from autofusion.runtime import CompiledModel
 
@@ -104,13 +133,19 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str)
         else:
             values.append(example_value(arg))
             frozen.append(False)
+    if current is not None:
+        values = [current[i] if f else v for i, (v, f) in enumerate(zip(values, frozen))]
     graph = fx_to_graph(sub_gm, values, frozen, name=name)
     placeholders = [n.name for n in sub_gm.graph.nodes if n.op == "placeholder"]
     runtime = [(f"t_{p}", i) for i, p in enumerate(placeholders) if not frozen[i]]
     out_node = next(n for n in sub_gm.graph.nodes if n.op == "output")
     model = CompiledModel(optimize(graph))
+    state_positions = [i for i, f in enumerate(frozen) if f]
     return AutofusionSubmodule(model, [r[0] for r in runtime], [r[1] for r in runtime], graph.outputs,
-                               single_output=not isinstance(out_node.args[0], (tuple, list)))
+                               single_output=not isinstance(out_node.args[0], (tuple, list)),
+                               state_positions=state_positions,
+                               state=state_signature(values[i] for i in state_positions),
+                               rebuild=lambda now: _compile_partition(sub_gm, args, parent, name, now))
 
 
 def _attr(module: Any, target: str) -> Any:

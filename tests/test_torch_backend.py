@@ -339,3 +339,21 @@ def test_each_compile_says_what_it_fused_and_what_stayed_eager(monkeypatch: pyte
         torch.compile(f, backend="autofusion")(torch.randn(3, 8))
     err = capsys.readouterr().err
     assert "autofusion: 3 ops, 2 fused in 1 partition(s); left to eager: cumsum (op not supported) x1" in err
+
+
+def test_weights_updated_after_the_compile_are_not_served_stale():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    recorder = Recorder()
+    fast = torch.compile(model, backend=recorder)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=RTOL, atol=ATOL)
+        model[0].weight.mul_(-2.0)  # in place, after the weights were frozen into the kernels
+        model[2].bias.add_(1.0)
+        torch.testing.assert_close(fast(x), model(x), rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(fast(x), model(x), rtol=RTOL, atol=ATOL)
+    runners = [m.runner for r in recorder.results if isinstance(r, torch.fx.GraphModule)
+               for _, m in r.named_children() if type(m).__name__ == "AutofusionPartition"]
+    assert runners and all(r.rebuilds == 1 for r in runners)  # compiled again once, then reused
