@@ -7,7 +7,9 @@ Everything else, and any run whose conversion or compilation fails, stays in eag
 
 Parameters and buffers are frozen: their values are copied into the compiled kernels when the
 graph is compiled. Every call checks them (storage and version counter), and a partition whose
-frozen values changed since is compiled again with the current ones.
+frozen values changed since is compiled again with the current ones (updates through ``.data`` bump
+no version counter and are not seen). A graph with in-place updates the converter cannot follow
+runs eagerly: a partition computes views as copies.
 Inference only: compiled parts do not record gradients.
 
 Each compile logs one line (logger ``autofusion.torch``, INFO; on stderr with ``AUTOFUSION_LOG=1``):
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +35,7 @@ from autofusion.frontends.fx_import import (
     FxConversionError,
     example_value,
     fx_to_graph,
+    hidden_updates,
     is_convertible,
     target_key,
     why_not_convertible,
@@ -49,7 +53,11 @@ class AutofusionSubmodule:
 
     The frozen parameters are checked on every call (the tensor and its version counter): a
     parameter replaced or updated in place since the compile makes ``rebuild`` compile the partition
-    again with the current values, so the kernels never compute with stale weights."""
+    again with the current values. A partition whose frozen tensors keep changing (a buffer the model
+    updates itself) runs its ``eager`` graph from the third change on, with a warning. Updates
+    through ``.data`` bump no version counter and are not seen."""
+
+    MAX_REBUILDS = 2
 
     def __init__(self, model: Any, input_names: Sequence[str], runtime_positions: Sequence[int],
                  output_names: Sequence[str], single_output: bool, state_positions: Sequence[int] = (),
@@ -64,12 +72,19 @@ class AutofusionSubmodule:
         self.state = state
         self.rebuild = rebuild
         self.rebuilds = 0
+        self.eager: Callable[..., Any] | None = None  # the partition's torch graph, set when installed
+        self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         import torch
 
         if self.state_positions and state_signature(args[i] for i in self.state_positions) != self.state:
-            self._refreeze(args)
+            with self._lock:  # concurrent callers after a change rebuild once
+                if state_signature(args[i] for i in self.state_positions) != self.state:
+                    self._refreeze(args)
+        if self.model is None:
+            assert self.eager is not None
+            return self.eager(*args)
         feeds = {name: np.ascontiguousarray(args[pos].detach().cpu().to(torch.float32).numpy())
                  for name, pos in zip(self.input_names, self.runtime_positions)}
         results = self.model.run(feeds)
@@ -77,18 +92,31 @@ class AutofusionSubmodule:
         return outs[0] if self.single_output else outs
 
     def _refreeze(self, args: Sequence[Any]) -> None:
-        if self.rebuild is None:
-            raise RuntimeError("autofusion: a frozen parameter changed and this partition cannot be rebuilt")
-        _LOG.info("autofusion: a frozen parameter changed since the compile; compiling its partition again")
-        fresh = self.rebuild(args)
-        self.model, self.state = fresh.model, fresh.state
-        self.rebuilds += 1
+        """Compile again with the current frozen values, or give the partition to eager for good."""
+        why = ""
+        if self.rebuild is None or self.rebuilds >= self.MAX_REBUILDS:
+            why = "its frozen parameters keep changing (a buffer the model updates?)"
+        else:
+            _LOG.info("autofusion: a frozen parameter changed since the compile; compiling its partition again")
+            try:
+                fresh = self.rebuild(args)
+            except (FxConversionError, ValueError, KeyError, TypeError, RuntimeError, OSError) as e:
+                why = f"compiling it again failed ({type(e).__name__}: {e})"
+            else:
+                self.model, self.state = fresh.model, fresh.state
+                self.rebuilds += 1
+                return
+        if self.eager is None:
+            raise RuntimeError(f"autofusion: a partition cannot run: {why}")
+        warnings.warn(f"autofusion: a partition runs eagerly from now on: {why}", AutofusionFallbackWarning,
+                      stacklevel=3)
+        self.model, self.state_positions = None, ()
 
 
 def state_signature(tensors: Iterable[Any]) -> tuple[tuple[int, int], ...]:
     """What identifies the values of frozen tensors: storage and version counter (bumped by every
-    in-place update)."""
-    return tuple((int(t.data_ptr()), int(t._version)) for t in tensors)
+    in-place update; an inference-mode tensor has none, and is identified by its storage)."""
+    return tuple((int(t.data_ptr()), -1 if t.is_inference() else int(t._version)) for t in tensors)
 
 
 def _is_state(node: Any, value: Any) -> bool:
@@ -171,9 +199,14 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
         node.meta["_autofusion_real"] = value  # real tensors when Dynamo passes them (it does by default)
+    hidden = hidden_updates(gm.graph)
+    if hidden:  # views are copies and outputs fresh tensors in a partition: the update could be missed
+        _log(f"autofusion: the graph updates tensors in place where others may read them "
+             f"({', '.join(sorted({str(target_key(n) or n.target) for n in hidden}))}); it runs eagerly")
+        return gm.forward
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
-    _log_summary(gm, partitions)
+    _log(compile_summary(gm, partitions))
     if not partitions:
         return gm.forward
     fused = partitioner.fuse_partitions(partitions)
@@ -188,6 +221,7 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
             warnings.warn(f"autofusion: partition {node.target} runs eagerly ({type(exc).__name__}: {exc})",
                           AutofusionFallbackWarning, stacklevel=2)
             continue  # this part stays eager: the fused submodule runs its original torch ops
+        runner.eager = sub_gm  # the partition's own torch ops, should its weights keep changing
         _install(fused, node, runner)
         compiled_any = True
     return fused if compiled_any else gm.forward
@@ -208,9 +242,8 @@ def compile_summary(gm: Any, partitions: Sequence[Any]) -> str:
             f"left to eager: {left}")
 
 
-def _log_summary(gm: Any, partitions: Sequence[Any]) -> None:
-    """The summary at INFO on the ``autofusion.torch`` logger, and on stderr with AUTOFUSION_LOG=1."""
-    text = compile_summary(gm, partitions)
+def _log(text: str) -> None:
+    """A compile's line at INFO on the ``autofusion.torch`` logger, and on stderr with AUTOFUSION_LOG=1."""
     _LOG.info(text)
     if os.environ.get("AUTOFUSION_LOG", "").strip() not in ("", "0"):
         print(text, file=sys.stderr)

@@ -165,6 +165,10 @@ def test_calibrate_says_what_changed_and_how_to_undo(tmp_path: Path, capsys: pyt
     assert (tmp_path / "calibration.json.previous").is_file()
     code = main(["fuse", "bert-tiny"])
     assert code == 0 and f"calibration {target}" in capsys.readouterr().out  # fuse says what it planned with
+    other = tmp_path / "other.json"
+    (tmp_path / "other.json.previous").write_text("{}")  # a stale file of that name: not what it replaced
+    assert main(["calibrate", "--models", "none", "--out", str(other)]) == 0
+    assert f"to undo: rm {other}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -47,7 +47,7 @@ def test_measured_plans_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     data = compare(capsys, "lstm-tiny", "--strategies", "greedy,beam", "--cost-models", "analytic", "--measure",
                    "--rounds", "1", "--no-tune", "--html", str(tmp_path))
     rows = data["rows"]
-    assert data["measured"] and all(r["measured_seconds"] > 0 and r["measured_peak_bytes"] > 0 for r in rows)
+    assert data["measured"] and all(r["measured_seconds"] > 0 and r["runtime_peak_bytes"] > 0 for r in rows)
     for r in rows:
         assert r["time_error"] == pytest.approx((r["predicted_seconds"] - r["measured_seconds"]) / r["measured_seconds"])
     assert data["summary"]["measured"] == len(rows)
@@ -121,3 +121,10 @@ def test_tuned_cores_price_the_plan_again(tmp_path: Path, capsys: pytest.Capture
     assert priced is not None and row["predicted_seconds_tuned_cores"] == pytest.approx(plan_seconds(plan, priced))
     assert row["tuned_time_error"] == pytest.approx(
         (row["predicted_seconds_tuned_cores"] - row["measured_seconds"]) / row["measured_seconds"])
+    import autofusion.decide
+
+    shipped = Path(autofusion.decide.__file__).parent / "profiles" / "calibrated" / "cpu-2core.json"
+    monkeypatch.setenv("AUTOFUSION_CALIBRATION", str(shipped))  # a learned model: repriced too
+    learned = compare(capsys, str(model), "--strategies", "greedy", "--cost-models", "default", "--measure",
+                      "--rounds", "1")["rows"][0]
+    assert learned["cost_model"].startswith("default (learned") and learned["predicted_seconds_tuned_cores"]

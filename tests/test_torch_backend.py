@@ -357,3 +357,107 @@ def test_weights_updated_after_the_compile_are_not_served_stale():
     runners = [m.runner for r in recorder.results if isinstance(r, torch.fx.GraphModule)
                for _, m in r.named_children() if type(m).__name__ == "AutofusionPartition"]
     assert runners and all(r.rebuilds == 1 for r in runners)  # compiled again once, then reused
+
+
+@pytest.mark.parametrize("source", [6, 2])
+def test_causal_attention_with_more_or_fewer_keys_than_queries(source: int):
+    torch.manual_seed(0)
+    q, kv = torch.randn(1, 2, 4, 8), torch.randn(1, 2, source, 8)
+
+    def attend(q, kv):
+        return torch.nn.functional.scaled_dot_product_attention(q * 1.0, kv * 1.0, kv * 1.0, is_causal=True)
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(attend, backend="autofusion")(q, kv), attend(q, kv),
+                                   rtol=RTOL, atol=ATOL)
+
+
+def _inplace_on_a_view_of_the_input(x):
+    y = x.view(-1)
+    torch.nn.functional.relu(y, inplace=True)
+    return x * 2
+
+
+def _inplace_with_a_view_read_later(x):
+    a = x * 3
+    v = a.view(-1)
+    torch.nn.functional.relu(a, inplace=True)
+    return v * 2
+
+
+def _inplace_with_another_reader(x):
+    a = x * 3
+    s = a.cumsum(0)
+    torch.nn.functional.relu(a, inplace=True)
+    return s + a
+
+
+@pytest.mark.parametrize("fn", [_inplace_on_a_view_of_the_input, _inplace_with_a_view_read_later,
+                                _inplace_with_another_reader])
+def test_inplace_updates_seen_through_views_or_other_readers_stay_eager(fn):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    expected_x = x.clone()
+    expected = fn(expected_x)
+    got_x = x.clone()
+    with torch.no_grad():
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="autofusion")(got_x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_x, expected_x)  # the caller's tensor changed exactly as in eager
+
+
+class SelfUpdating(nn.Module):
+    """A buffer the model updates itself on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("b", torch.zeros(4))
+
+    def forward(self, x):
+        y = self.lin(x) + self.b
+        self.b.add_(1.0)
+        return y
+
+
+def test_a_graph_with_updates_the_converter_cannot_follow_runs_eagerly(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setenv("AUTOFUSION_LOG", "1")
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    eager_model, model = SelfUpdating().eval(), SelfUpdating().eval()
+    model.load_state_dict(eager_model.state_dict())
+    fast = torch.compile(model, backend="autofusion")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fast(x), eager_model(x), rtol=RTOL, atol=ATOL)
+    assert "updates tensors in place where others may read them (add_); it runs eagerly" in capsys.readouterr().err
+
+
+def test_weights_that_keep_changing_send_the_partition_to_eager():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    fast = torch.compile(model, backend="autofusion")
+    x = torch.randn(2, 4)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):  # an update between every two calls: two rebuilds, then eager
+            torch.testing.assert_close(fast(x), model(x), rtol=RTOL, atol=ATOL)
+            model[0].bias.add_(0.5)
+    messages = [str(w.message) for w in caught if issubclass(w.category, AutofusionFallbackWarning)]
+    assert len(messages) == 1 and "keep changing" in messages[0]
+
+
+def test_a_model_made_under_inference_mode_still_fuses():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+        recorder = Recorder()
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(torch.compile(model, backend=recorder)(x), model(x), rtol=RTOL, atol=ATOL)
+    assert recorder.compiled_partitions() == 1

@@ -1,12 +1,14 @@
 """Every strategy under every cost model, before fusing: each plan's kernels, predicted time, memory
 and energy, and (measured) what the distinct plans really take. What ``autofusion compare`` shows.
 
-Predicted time is the plan's modelled cost; predicted memory the buffer planner's footprint (the
-workspace and, while the kernel with the largest per-thread blocks runs, the threads' blocks:
-exact); predicted energy ``HardwareProfile.joules`` (the package's power for the predicted time,
-plus the modelled bytes at the profile's joules per byte: an estimate, its constants and their
-source in the profile). Measured time is the median of round-robin runs of each distinct plan in
-one process; measured memory is what the runtime allocated for a call (its workspace and blocks).
+Predicted time is the plan's modelled cost; predicted memory the buffer planner's footprint of
+the plan with untuned cores (the workspace and, while the kernel with the largest per-thread blocks
+runs, the threads' blocks; weights, inputs and outputs aside); predicted energy
+``HardwareProfile.joules`` (the package's power for the predicted time, plus the modelled bytes at
+the profile's joules per byte: an estimate, its constants and their source in the profile).
+Measured time is the median of round-robin runs of each distinct plan in one process; beside it,
+the runtime's buffer plan of the compiled (tuned) model: what it allocates for a call, by its own
+accounting, not a measurement of the process.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class PlanRow:
     optimize_seconds: float
     plan_id: int  # rows with one id have the same groups (one plan, compiled and measured once)
     measured_seconds: float | None = None
-    measured_peak_bytes: int | None = None
+    runtime_peak_bytes: int | None = None  # the compiled model's buffer plan, tuned cores included
     # the same plan priced with its matrix products at the rate the tuner measured for them here
     predicted_seconds_tuned_cores: float | None = None
     tuned_core_flops_per_second: float | None = None
@@ -68,10 +70,16 @@ def with_core_rate(model: CostModel, flops_per_second: float) -> CostModel | Non
     """``model`` with its matrix products priced at ``flops_per_second`` (a copy; None for a model
     without a hardware profile to change)."""
     profile = getattr(model, "profile", None)
-    if not isinstance(profile, HardwareProfile):
+    if isinstance(profile, HardwareProfile):
+        priced = copy.copy(model)
+        priced.profile = profile.replace(matmul_peak_flops=flops_per_second)  # type: ignore[attr-defined]
+        return priced
+    analytic = getattr(model, "analytic", None)  # a learned model: its correction applies on top
+    repriced = with_core_rate(analytic, flops_per_second) if analytic is not None else None
+    if repriced is None:
         return None
     priced = copy.copy(model)
-    priced.profile = profile.replace(matmul_peak_flops=flops_per_second)  # type: ignore[attr-defined]
+    priced.analytic = repriced  # type: ignore[attr-defined]
     return priced
 
 
@@ -81,10 +89,13 @@ def plan_seconds(plan: Plan, model: CostModel) -> float:
 
 
 def profile_of(model: CostModel) -> HardwareProfile:
-    """The hardware profile whose energy constants price a plan of ``model`` (the shipped CPU one
-    for a model that carries none)."""
-    profile = getattr(model, "profile", None)
-    return profile if isinstance(profile, HardwareProfile) else HardwareProfile.load("cpu-2core")
+    """The hardware profile whose energy constants price a plan of ``model``: its own, its analytic
+    part's (a learned model), else the shipped CPU one."""
+    for holder in (model, getattr(model, "analytic", None)):
+        profile = getattr(holder, "profile", None)
+        if isinstance(profile, HardwareProfile):
+            return profile
+    return HardwareProfile.load("cpu-2core")
 
 
 def plan_key(plan: Plan) -> frozenset[frozenset[str]]:
@@ -135,7 +146,7 @@ def measure_plans(rows: Sequence[PlanRow], runners: Mapping[int, Callable[[], ob
                 calls += 1
             samples[pid].append(spent / calls)
     medians = {pid: statistics.median(v) for pid, v in samples.items()}
-    return [replace(r, measured_seconds=medians.get(r.plan_id), measured_peak_bytes=allocated.get(r.plan_id))
+    return [replace(r, measured_seconds=medians.get(r.plan_id), runtime_peak_bytes=allocated.get(r.plan_id))
             for r in rows]
 
 

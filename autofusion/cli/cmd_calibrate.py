@@ -113,10 +113,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     calibration = _calibrate(args)
     target = Path(args.out) if args.out else user_calibration_path()
-    changes = _kernel_counts(models, before, calibration.cost_model())
     previous = target.with_name(target.name + ".previous")
+    replaced = target.is_file()
     try:
-        if target.is_file():
+        if replaced:
             shutil.copy2(target, previous)
         calibration.save(target)
         if args.profile_out:
@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"cannot write the calibration: {e.strerror or e}: {e.filename or target}") from None
     assert isinstance(calibration, Calibration)
-    undo = _undo_text(target, previous if previous.is_file() else None)
+    undo = _undo_text(target, previous if replaced else None)
+    changes = _kernel_counts(models, before, calibration.cost_model())  # after the save: minutes of timing are kept
     if args.json:
         out.json({**calibration.report, "file": str(target), "profile": calibration.profile.to_json(),
                   "machine": calibration.machine, "cost_model_before": getattr(before, "name", ""),

@@ -180,7 +180,7 @@ def _print(out: Output, data: dict[str, Any]) -> None:
     head = ["strategy", "cost model", "kernels", "pred ms", "pred peak MiB", "pred J", "optimize s", "plan"]
     tuned = any(r["predicted_seconds_tuned_cores"] is not None for r in data["rows"])
     if measured:
-        head += ["measured ms", "error"] + (["pred ms, tuned cores", "error"] if tuned else [])
+        head += ["measured ms", "error"] + (["pred ms, tuned cores", "error"] if tuned else []) + ["runtime peak MiB"]
     rows = []
     for r in data["rows"]:
         row = [r["strategy"], r["cost_model"], r["kernels"], round(r["predicted_seconds"] * 1e3, 3),
@@ -192,6 +192,7 @@ def _print(out: Output, data: dict[str, Any]) -> None:
             if tuned:
                 t, terr = r["predicted_seconds_tuned_cores"], r["tuned_time_error"]
                 row += ["" if t is None else round(t * 1e3, 3), "" if terr is None else f"{terr:+.1%}"]
+            row.append(round((r["runtime_peak_bytes"] or 0) / 2**20, 2))
         rows.append(row)
     out.table(f"plans of {data['model']} ({data['threads']} threads)", head, rows)
     for name, source in data["energy_sources"].items():

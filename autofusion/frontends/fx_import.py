@@ -74,6 +74,33 @@ def is_convertible(node: Any) -> bool:
     return key in HANDLERS and produced and _tensor_args_ok(node) and _args_ok(node)
 
 
+INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem)
+# functional activations whose positional argument at this index is ``inplace``
+INPLACE_POSITION = {"relu": 1, "relu6": 1, "silu": 1, "mish": 1, "selu": 1, "celu": 2, "elu": 2, "leaky_relu": 2,
+                    "hardtanh": 3, "hardswish": 1, "hardsigmoid": 1, "dropout": 3, "threshold": 3, "rrelu": 4}
+
+
+def mutates(node: Any) -> bool:
+    """Whether ``node`` updates a tensor in place (``x.add_(y)``, ``relu(x, inplace=True)``, ``x += y``,
+    ``x[i] = y``): its readers, and the readers of every view of it, see the change."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if node.kwargs.get("inplace") is True or (node.op == "call_function" and node.target in INPLACE_OPERATORS):
+        return True
+    name = str(node.target) if node.op == "call_method" else str(getattr(node.target, "__name__", ""))
+    position = INPLACE_POSITION.get(name)
+    if position is not None and len(node.args) > position and node.args[position] is True:
+        return True
+    return name.endswith("_") and not name.startswith("_")
+
+
+def hidden_updates(graph: Any) -> list[Any]:
+    """The in-place updates of ``graph`` the converter cannot follow: a partition computes views as
+    copies and its outputs as fresh tensors, so any other in-place update could be missed by a
+    reader; such a graph runs eagerly."""
+    return [n for n in graph.nodes if mutates(n) and not is_convertible(n)]
+
+
 def why_not_convertible(node: Any) -> str:
     """Why :func:`is_convertible` says no for ``node``, in a few words ("" when it says yes)."""
     key = target_key(node)
@@ -352,7 +379,7 @@ def _attention(cv: _Converter, node: Any) -> str:
         scores = cv.b.op("Add", scores, cv.tensor(mask))
     if bool(_arg(node, 5, "is_causal", False)):
         length, source = shape_q[-2], shape_k[-2]
-        causal = np.triu(np.full((length, source), -np.inf, np.float32), k=1 + source - length)
+        causal = np.triu(np.full((length, source), -np.inf, np.float32), k=1)  # torch's: aligned top left
         scores = cv.b.op("Add", scores, cv.b.const(causal))
     return cv.b.op("MatMul", cv.b.op("Softmax", scores, axis=-1), cv.tensor(v))
 
@@ -391,14 +418,14 @@ def _tensors_ok(node: Any) -> bool:
 
 def _inplace_ok(node: Any) -> bool:
     """An in-place update (``relu(x, inplace=True)``, ``x.relu_()``) computes the same as its
-    out-of-place form when nobody can see ``x`` change: ``x`` is an intermediate of this graph (not a
-    caller's input, a parameter or a buffer), and every other reader of ``x`` comes before the update.
-    ``nn.ReLU(inplace=True)`` after a convolution or a norm, as CNNs write it, is that case."""
+    out-of-place form when nobody can see ``x`` change: the update is ``x``'s only reader, and ``x``
+    is fresh storage an op of this graph computed (not a view of anything, nor a caller's input, a
+    parameter or a buffer). ``nn.ReLU(inplace=True)`` after a convolution, a norm or a residual add,
+    as CNNs write it, is that case."""
     source = node.args[0] if node.args else None
-    if source is None or getattr(source, "op", None) not in ("call_function", "call_method", "call_module"):
+    if source is None or getattr(source, "op", None) not in ("call_function", "call_method"):
         return False
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
-    return all(order[user] < order[node] for user in source.users if user is not node)
+    return target_key(source) in FRESH_STORAGE and len(source.users) == 1
 
 
 HANDLERS: Mapping[str, Handler] = {
@@ -467,6 +494,11 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "scaled_dot_product_attention": _attention_ok,
 }
 MULTI_OUTPUT = frozenset({"split"})  # ops whose value is a tuple of tensors
+# ops whose result is storage of its own, never a view of an input (an in-place update of it is private)
+FRESH_STORAGE = frozenset({"linear", "conv2d", "batch_norm", "layer_norm", "add", "mul", "sub", "div", "truediv",
+                           "matmul", "bmm", "mm", "addmm", "gelu", "tanh", "sigmoid", "exp", "sqrt", "rsqrt",
+                           "neg", "pow", "softmax", "max_pool2d", "adaptive_avg_pool2d", "cat",
+                           "scaled_dot_product_attention"})
 
 
 
