@@ -128,3 +128,16 @@ def test_tuned_cores_price_the_plan_again(tmp_path: Path, capsys: pytest.Capture
     learned = compare(capsys, str(model), "--strategies", "greedy", "--cost-models", "default", "--measure",
                       "--rounds", "1")["rows"][0]
     assert learned["cost_model"].startswith("default (learned") and learned["predicted_seconds_tuned_cores"]
+
+
+def test_the_unfused_plan_is_priced_by_the_same_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from autofusion.decide.optimize import graph_kernels
+
+    data = compare(capsys, "bert-tiny", "--strategies", "unfused,greedy", "--cost-models", "analytic")
+    unfused, fused = data["rows"]
+    graph = build("bert-tiny")
+    model = cost_model("analytic")
+    assert unfused["strategy"] == "unfused" and unfused["kernels"] == graph_kernels(graph)
+    assert unfused["predicted_seconds"] == pytest.approx(sum(model.group_cost(graph, [n.name]).seconds
+                                                             for n in graph.nodes))
+    assert fused["kernels"] < unfused["kernels"] and unfused["plan_id"] != fused["plan_id"]

@@ -11,7 +11,8 @@ from typing import Any
 from autofusion.cli.common import CliError, Output, add_model_arguments, load_model, positive_int
 from autofusion.cli.tuning_args import add_tune_argument, tune_progress, tune_wanted
 
-STRATEGIES = ("greedy", "dp", "beam", "exact")
+STRATEGIES = ("unfused", "greedy", "dp", "beam", "exact")
+UNFUSED = "unfused"  # not a strategy: every node its own kernel, priced by the same model
 COST_MODELS = ("default", "analytic")
 
 
@@ -26,7 +27,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="PATH",
                    help="a .fuse file or directory of them (repeatable; default: the shipped library)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), metavar="NAMES",
-                   help=f"comma-separated strategies, built-in or a plugin's (default {','.join(STRATEGIES)})")
+                   help="comma-separated strategies, built-in or a plugin's, and unfused (every op its own kernel) "
+                        f"(default {','.join(STRATEGIES)})")
     p.add_argument("--cost-models", default=",".join(COST_MODELS), metavar="NAMES",
                    help="comma-separated cost models: default (the calibration the engine uses, else analytic), "
                         "analytic, analytic:PROFILE or a plugin's (default default,analytic)")
@@ -79,13 +81,16 @@ def run(args: argparse.Namespace) -> int:
         rules = plugins.rule_paths(args.rules or None)
         strategies = _names(args.strategies, "strategies")
         for s in strategies:
-            plugins.strategy(s)
+            if s != UNFUSED:
+                plugins.strategy(s)
     except plugins.PluginError as e:
         raise CliError(str(e)) from None
     cost_models = _cost_models(_names(args.cost_models, "cost-models"), registry)
     loaded = load_model(args, registry=registry)
 
     def plan(graph: Any, strategy: str, model: Any) -> Any:
+        if strategy == UNFUSED:
+            return _unfused(graph, model, registry)
         try:
             return optimize(graph, rules, cost_model=model, strategy=strategy, size_cap=args.size_cap,
                             registry=registry, kinds=kinds)
@@ -113,6 +118,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print(out, data)
     return 0
+
+
+def _unfused(graph: Any, model: Any, registry: Any) -> Any:
+    """The unfused plan of ``graph`` with its cost under ``model`` (a kernel per op)."""
+    from dataclasses import replace
+
+    from autofusion.decide.baseline import unfused_plan
+    from autofusion.decide.plan import ZERO_COST
+
+    plan = unfused_plan(graph, registry)
+    total = ZERO_COST
+    for group in plan.groups:
+        total = total + model.group_cost(graph, list(group.nodes))
+    return replace(plan, cost_before=total, cost_after=total, registry=registry)
 
 
 def _energy_source(model: Any) -> str:
