@@ -43,16 +43,6 @@ class Strategy(Protocol):
         ...
 
 
-def _merge_delta(region: Region, p: Partition, a: str, b: str) -> float | None:
-    ga, gb = p.members(a), p.members(b)
-    if ga == gb:
-        return None
-    merged = ga | gb
-    if not region.checker.check(merged).ok:
-        return None
-    return region.cost(merged) - region.cost(ga) - region.cost(gb)
-
-
 def _merge_key(region: Region, p: Partition, a: str, b: str) -> tuple[float, int] | None:
     """(cost change, -priority) of merging the groups of ``a`` and ``b`` when the merge is worth
     taking: it lowers the cost, or leaves it equal and the merged group's rule has a positive

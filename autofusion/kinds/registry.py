@@ -23,6 +23,7 @@ class KindRegistry:
             if kind.name in self._kinds:
                 raise KindError(f"two kernel kinds are named {kind.name!r}")
             self._kinds[kind.name] = kind
+        self._rank = {name: i for i, name in enumerate(self._kinds)}
 
     def __contains__(self, name: object) -> bool:
         return name in self._kinds
@@ -47,8 +48,7 @@ class KindRegistry:
 
     def rank(self, name: str) -> int:
         """Position in preference order (lower first); unknown names last."""
-        names = self.names()
-        return names.index(name) if name in self._kinds else len(names)
+        return self._rank.get(name, len(self._rank))
 
     def extended(self, kinds: Iterable[KernelKind]) -> KindRegistry:
         return KindRegistry([*self, *kinds])
