@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -87,6 +85,8 @@ def _first(out: Any) -> Any:
 def measure(model: Any, inputs: tuple[Any, ...], rounds: int, min_seconds: float) -> dict[str, Any]:
     import torch
 
+    from autofusion.bench.timing import round_robin_medians
+
     runners: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs)}
     for backend in ("inductor", "autofusion"):
         compiled = torch.compile(model, backend=backend)
@@ -96,17 +96,7 @@ def measure(model: Any, inputs: tuple[Any, ...], rounds: int, min_seconds: float
         for name, run in runners.items():  # compile and check once
             got = _first(run())
             torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3, msg=f"{name} differs from eager")
-        samples: dict[str, list[float]] = {name: [] for name in runners}
-        for _ in range(rounds):
-            for name, run in runners.items():
-                calls, spent = 0, 0.0
-                while spent < min_seconds or calls == 0:
-                    started = time.perf_counter()
-                    run()
-                    spent += time.perf_counter() - started
-                    calls += 1
-                samples[name].append(spent / calls)
-    return {name: statistics.median(v) for name, v in samples.items()}
+        return round_robin_medians(runners, rounds, min_seconds)
 
 
 def main() -> int:

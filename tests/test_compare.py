@@ -141,3 +141,15 @@ def test_the_unfused_plan_is_priced_by_the_same_model(capsys: pytest.CaptureFixt
     assert unfused["predicted_seconds"] == pytest.approx(sum(model.group_cost(graph, [n.name]).seconds
                                                              for n in graph.nodes))
     assert fused["kernels"] < unfused["kernels"] and unfused["plan_id"] != fused["plan_id"]
+
+
+def test_round_robin_timing_runs_every_runner_each_round() -> None:
+    from autofusion.bench.timing import round_robin_medians
+
+    calls = {"a": 0, "b": 0}
+
+    def runner(key: str):  # type: ignore[no-untyped-def]
+        return lambda: calls.__setitem__(key, calls[key] + 1)
+
+    medians = round_robin_medians({"a": runner("a"), "b": runner("b")}, rounds=3, min_seconds=0.0)
+    assert set(medians) == {"a", "b"} and calls == {"a": 3, "b": 3} and all(v >= 0 for v in medians.values())

@@ -14,7 +14,6 @@ accounting, not a measurement of the process.
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.bench.timing import round_robin_medians
 from autofusion.decide.cost import CostModel, HardwareProfile
 from autofusion.decide.plan import Plan
 from autofusion.graph.graph import Graph
@@ -133,19 +133,9 @@ def measure_plans(rows: Sequence[PlanRow], runners: Mapping[int, Callable[[], ob
                   allocated: Mapping[int, int], rounds: int, min_seconds: float = 0.2) -> list[PlanRow]:
     """Rows with the median time of each plan's runner, timed round-robin (``rounds`` rounds, each at
     least ``min_seconds`` of calls per plan) so that drift on a shared machine touches all alike."""
-    samples: dict[int, list[float]] = {pid: [] for pid in runners}
     for run in runners.values():
         run()  # warm: first-touch pages, caches, thread pool
-    for _ in range(rounds):
-        for pid, run in runners.items():
-            calls, spent = 0, 0.0
-            while spent < min_seconds or calls == 0:
-                started = time.perf_counter()
-                run()
-                spent += time.perf_counter() - started
-                calls += 1
-            samples[pid].append(spent / calls)
-    medians = {pid: statistics.median(v) for pid, v in samples.items()}
+    medians = round_robin_medians(runners, rounds, min_seconds)
     return [replace(r, measured_seconds=medians.get(r.plan_id), runtime_peak_bytes=allocated.get(r.plan_id))
             for r in rows]
 

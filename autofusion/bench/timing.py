@@ -1,0 +1,28 @@
+"""Timing several runners side by side on a shared machine: round-robin rounds, medians."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Hashable, Mapping
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+def round_robin_medians(runners: Mapping[K, Callable[[], object]], rounds: int,
+                        min_seconds: float) -> dict[K, float]:
+    """Seconds per call of each runner: every round runs each one for at least ``min_seconds``, in
+    turn, so that drift on a shared machine touches all alike; the median of the rounds. Runners
+    are expected warm (compiled, first-touched)."""
+    samples: dict[K, list[float]] = {key: [] for key in runners}
+    for _ in range(rounds):
+        for key, run in runners.items():
+            calls, spent = 0, 0.0
+            while spent < min_seconds or calls == 0:
+                started = time.perf_counter()
+                run()
+                spent += time.perf_counter() - started
+                calls += 1
+            samples[key].append(spent / calls)
+    return {key: statistics.median(v) for key, v in samples.items()}
