@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from autofusion.codegen.cores import CoreChoice, FixedChooser
 from autofusion.decide import build_groups
 from autofusion.decide.plan import ZERO_COST, Plan
 from autofusion.ir import Graph, GraphBuilder, run_graph
@@ -59,7 +60,12 @@ def test_attention_scores_read_transposed_views_without_copies() -> None:
     s = b.op("Div", b.op("MatMul", qh, kt), b.const(np.float32(5.656854)))
     sm = b.op("Softmax", s, axis=-1)  # a reduction over the tiles: computed after them
     g = b.build([sm, s])
-    code = check(g, {"q": f32(1, 16, 64), "k": f32(1, 16, 64)})
+    feeds = {"q": f32(1, 16, 64), "k": f32(1, 16, 64)}
+    code = check(g, feeds)  # the default: K^T packed per tile straight from k's buffer, read down its columns
+    assert re.search(r"af_pack_panels\(32, nlen, t_k \+ [^,]*, 1, 64, bpack\)", code), code
+    assert re.search(r"af_sgemm_packed\(mlen, nlen, 32, \d+, 1.0f, t_q \+ [^;]*bpack, c,", code), code
+    assert code.index("af_pack_panels(") < code.index("stage 0")  # no copy loop before the product
+    code = check(g, feeds, cores=FixedChooser(CoreChoice("blas")))
     assert "CblasTrans" in code  # K^T handed to BLAS as a transposed operand
     assert code.index("af_sgemm(") < code.index("stage 0")  # no copy loop before the sgemm
 
@@ -315,3 +321,63 @@ def test_af_sgemm_packed_reads_the_layout_pack_weights_writes(tmp_path) -> None:
     run(m, n - n0, k, 512, 1.0, a.ctypes.data_as(ptr), k, 1,
         packed.reshape(-1)[n0 * k:].ctypes.data_as(ptr), c.ctypes.data_as(ptr), n - n0)
     np.testing.assert_allclose(c, a @ w[:, n0:], rtol=1e-4, atol=1e-4)
+
+
+PACK_ENTRY = """void run(int k, int n, const float* b, int64_t brs, int64_t bcs, float* pack) {
+    af_pack_panels(k, n, b, brs, bcs, pack);
+}"""
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
+def test_run_time_packing_matches_the_build_time_panels(tmp_path, isa: str) -> None:
+    """af_pack_panels lays out a B computed at run time exactly as pack_weights does a constant one,
+    from rows of B (V) or from its columns (K^T), with leading dimensions wider than B, every
+    column count around the 32-column panel (the last zero-padded)."""
+    import ctypes
+
+    from autofusion.codegen.gemm import pack_weights
+
+    run = _af_sgemm_library(tmp_path, PACK_ENTRY, isa)
+    if run is None:
+        return  # compiled; this CPU cannot run it
+    ptr = ctypes.POINTER(ctypes.c_float)
+    run.argtypes = [ctypes.c_int, ctypes.c_int, ptr, ctypes.c_int64, ctypes.c_int64, ptr]
+    for k in (1, 7, 64, 129):
+        for n in (1, 8, 31, 32, 33, 100):
+            w = f32(k, n)
+            expected = pack_weights(w)
+            for by_rows in (True, False):
+                src = np.zeros((k, n + 3), np.float32) if by_rows else np.zeros((n, k + 5), np.float32)
+                if by_rows:
+                    src[:, :n] = w
+                    brs, bcs = n + 3, 1
+                else:
+                    src[:, :k] = w.T
+                    brs, bcs = 1, k + 5
+                pack = np.full(expected.shape, np.nan, np.float32)
+                run(k, n, src.ctypes.data_as(ptr), brs, bcs, pack.ctypes.data_as(ptr))
+                np.testing.assert_array_equal(pack, expected, err_msg=f"k={k} n={n} by_rows={by_rows}")
+
+
+@pytest.mark.parametrize("m,n,k", [(9, 8, 1), (13, 31, 7), (12, 33, 64), (193, 130, 29), (300, 800, 65),
+                                   (7, 64, 64)])
+@pytest.mark.parametrize("layout", ["kt", "v", "flat", "broadcast"])
+def test_products_of_two_activations_pack_b_per_call(m: int, n: int, k: int, layout: str) -> None:
+    """Attention's products (B computed at run time) run the packed kernel over panels packed per
+    call: K^T read down its columns, V by rows, B without a batch (folded into M) or broadcast over
+    A's batch; several row blocks (M > 192) reuse one packing, several column blocks (N = 800) each
+    pack theirs. A product of up to 8 rows with B read by rows stays on af_sgemm's own kernel.
+    (7, 64, 64) with its own B per batch is such a product."""
+    b = GraphBuilder("act_product")
+    x = b.input("x", (3, m, k))
+    if layout == "kt":
+        other, feed_shape = b.input("y", (3, n, k)), (3, n, k)
+        rhs = b.op("Transpose", other, perm=(0, 2, 1))
+    else:
+        feed_shape = {"v": (3, k, n), "flat": (k, n), "broadcast": (1, k, n)}[layout]
+        rhs = other = b.input("y", feed_shape)
+    g = b.build([b.op("Relu", b.op("MatMul", x, rhs))])
+    code = check(g, {"x": f32(3, m, k), "y": f32(*feed_shape)})
+    rows = m if layout in ("kt", "v") else 3 * m  # a B without a batch of its own: the batch folds into M
+    small = rows <= 8 and layout != "kt"
+    assert ("af_pack_panels(" in code) == (not small) and ("af_sgemm(" in code) == small

@@ -32,8 +32,10 @@ ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_ROW_BYTES = 32 * 4  # one row of a packed panel (PACK_NR floats, codegen/gemm.py)
 # "taps": packed weights, a convolution's taps read in place; "depthwise": one input channel per
-# output channel, its taps accumulated straight from the input (no product to hand a GEMM)
-IMPLS = ("packed", "taps", "depthwise", "blas")
+# output channel, its taps accumulated straight from the input (no product to hand a GEMM);
+# "repack": B is computed at run time (attention), packed per call into the same panels
+IMPLS = ("packed", "taps", "depthwise", "repack", "blas")
+REPACK_MIN_COLUMNS = 8  # narrower products would be mostly zero padding in a 32-column panel
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class CoreSpec:
     geometry: tuple[tuple[int, ...], ...] = ()
     taps: bool = False  # a convolution that can read its taps in place from a padded, phase-split input
     depthwise: bool = False  # a convolution with one input and one output channel per group
+    repackable: bool = False  # B is computed at run time and can be packed into panels per call
 
     @property
     def flops(self) -> int:
@@ -86,7 +89,8 @@ class CoreSpec:
     def key(self) -> str:
         """A stable text key: equal for cores that run the same code on the same sizes."""
         geo = ";".join(",".join(str(v) for v in part) for part in self.geometry)
-        return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{int(self.packable)}{int(self.taps)}{int(self.depthwise)}:{geo}"
+        flags = "".join(str(int(f)) for f in (self.packable, self.taps, self.depthwise))
+        return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{flags}{'r' if self.repackable else ''}:{geo}"
 
     def describe(self) -> str:
         shape = f"[{self.m} x {self.k}] @ [{self.k} x {self.n}]"
@@ -97,8 +101,8 @@ class CoreSpec:
 class CoreChoice:
     """How a core is computed: ``packed`` with ``kc`` rows of K per pass, ``taps`` (packed, and a
     convolution's taps read in place from its zero-padded input instead of an im2col copy),
-    ``depthwise`` (a depthwise convolution's taps summed straight from the input), or OpenBLAS's
-    ``blas``."""
+    ``depthwise`` (a depthwise convolution's taps summed straight from the input), ``repack`` (a B
+    computed at run time packed per call, then the packed kernel), or OpenBLAS's ``blas``."""
 
     impl: str
     kc: int = 0
@@ -106,7 +110,7 @@ class CoreChoice:
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
             raise ValueError(f"unknown core implementation {self.impl!r}; one of {', '.join(IMPLS)}")
-        if self.packed and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
+        if self.panels and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
             raise ValueError(f"kc {self.kc} out of range for the packed kernel")
 
     @property
@@ -115,19 +119,28 @@ class CoreChoice:
         return self.impl in ("packed", "taps")
 
     @property
+    def panels(self) -> bool:
+        """Whether the product runs the packed micro-kernel (over a build-time or per-call packing)."""
+        return self.packed or self.impl == "repack"
+
+    @property
     def taps(self) -> bool:
         return self.impl == "taps"
 
     def label(self, machine: Machine) -> str:
         if self.impl == "depthwise":
             return "depthwise direct"
-        if not self.packed:
+        if not self.panels:
             return "openblas sgemm"
         rows, cols = machine.micro_kernel
-        return f"{'taps' if self.taps else 'packed'} {machine.isa} {rows}x{cols} kc{self.kc}"
+        return f"{self.impl} {machine.isa} {rows}x{cols} kc{self.kc}"
 
     def fitting(self, core: CoreSpec) -> CoreChoice:
         """This choice where ``core`` can take it, else the nearest one it can."""
+        if self.impl == "repack":
+            if core.packable:
+                return CoreChoice("packed", self.kc)
+            return self if core.repackable else CoreChoice("blas")
         if self.packed and not core.packable:
             return CoreChoice("blas")
         if self.taps and not core.taps:
@@ -147,7 +160,8 @@ class CoreChooser(Protocol):
 
 class DefaultChooser:
     """The untuned, deterministic choice: packed wherever the weight can be packed (taps where they
-    can be read in place), default kc; a depthwise convolution's own loop."""
+    can be read in place), a run-time B packed per call, default kc; a depthwise convolution's own
+    loop."""
 
     def __init__(self, machine: Machine | None = None) -> None:
         self.machine = machine or this_machine()
@@ -155,6 +169,8 @@ class DefaultChooser:
     def choose(self, core: CoreSpec) -> CoreChoice:
         if core.depthwise:
             return CoreChoice("depthwise")
+        if core.repackable:
+            return CoreChoice("repack", self.machine.default_kc())
         return CoreChoice("taps", self.machine.default_kc()).fitting(core)
 
 

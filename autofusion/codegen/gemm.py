@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.codegen import index as ix
-from autofusion.codegen.cores import CoreSpec
+from autofusion.codegen.cores import REPACK_MIN_COLUMNS, CoreSpec
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
@@ -45,6 +45,7 @@ PARALLEL_MIN_FLOPS = 1 << 19  # smaller products run on one thread
 PACK_NR = 32  # columns per panel of a packed weight: AF_PACK_NR in templates/c/af_sgemm.c.j2
 PACKED_MIN_TILES = 8  # packed products read no packed copy per tile: smaller tiles cost little
 PACKED_MIN_COLUMNS = 8  # narrower weights would be mostly zero padding in a 32-column panel
+SMALL_ROWS = 8  # af_sgemm's own kernel takes up to 2 x AF_SMALL_M rows (templates/c/af_sgemm.c.j2)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -98,6 +99,7 @@ class _Segment:
     weight_label: str = ""
     merged: bool = False  # the columns of several cores' products (horizontal GEMM)
     unpacked: np.ndarray | None = None  # merged constant weights concatenated, for sgemm (not packed)
+    repack: bool = False  # B computed at run time, packed per tile into this thread's panels
 
     @property
     def rows(self) -> int:
@@ -339,7 +341,7 @@ class _Gemm:
             comment=c_comment_text(f"horizontal sgemm tiles of {TILE_M}x{TILE_N}, epilogue per tile and output"),
             prologue=self.prologue, epilogue=self.epilogue, segments=[data],
             parallel=data["tiles"] > 1 and 2 * whole.rows * total * whole.k >= PARALLEL_MIN_FLOPS,
-            tile_floats=self._per_thread_tile(data["mb"] * data["nb"]))
+            **self._per_thread_block(data["mb"] * data["nb"], data["pack_floats"]))
 
     def render_core(self, core: Node, ybuf: str) -> str:
         """Only the product of ``core`` (with Gemm's C term) into the full buffer ``ybuf``."""
@@ -354,6 +356,7 @@ class _Gemm:
         seg_data = [self._segment_data(s) for s in segments]
         # the tile buffer holds the largest tile actually used (up to 1.5 x TILE_M by 1.5 x TILE_N)
         tile_floats = max((d["mb"] * d["nb"] for s, d in zip(segments, seg_data) if not s.ybuf), default=0)
+        pack_floats = max((d["pack_floats"] for d in seg_data), default=0)
         flops = sum(2 * s.rows * s.n * s.k * s.calls for s in segments)
         tiles = sum(d["tiles"] for d in seg_data)
         if late:
@@ -364,11 +367,13 @@ class _Gemm:
             "gemm_epilogue.c.j2",
             comment=c_comment_text(f"sgemm tiles of {TILE_M}x{TILE_N} with the epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, segments=seg_data,
-            parallel=tiles > 1 and flops >= PARALLEL_MIN_FLOPS, tile_floats=self._per_thread_tile(tile_floats))
+            parallel=tiles > 1 and flops >= PARALLEL_MIN_FLOPS, **self._per_thread_block(tile_floats, pack_floats))
 
-    def _per_thread_tile(self, floats: int) -> int:
-        self.k.per_thread(floats * 4)  # gemm_epilogue.c.j2: each thread's tile
-        return floats
+    def _per_thread_block(self, tile_floats: int, pack_floats: int = 0) -> dict[str, int]:
+        """gemm_epilogue.c.j2: each thread's block, its C tile then its B panels (64-byte aligned)."""
+        tile_floats = -(-tile_floats // 16) * 16 if pack_floats else tile_floats
+        self.k.per_thread((tile_floats + pack_floats) * 4)
+        return {"tile_floats": tile_floats, "pack_floats": pack_floats}
 
     def _aligned(self, seg: _Segment, tensor: str) -> bool:
         if self.g.types[tensor].shape != self.g.types[seg.y].shape:
@@ -453,19 +458,33 @@ class _Gemm:
             "packed": packed, "k_pass": kc, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
             "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
+            "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],
+            "pack_floats": kk * -(-nb // PACK_NR) * PACK_NR if seg.repack else 0,
+            "pack_key": ix.add(ix.mul("b", tiles_n), f"t % {tiles_n}" if tiles_n > 1 else "0"),
         }
 
     def _choose_core(self, seg: _Segment) -> int:
         """Ask the chooser how to compute the product (codegen/cores.py); K per pass when packed.
         A constant weight left to sgemm stays unpacked (concatenated when several cores share A)."""
-        spec = CoreSpec("gemm", seg.rows, seg.n, seg.k, packable=seg.weight is not None, calls=seg.calls)
+        repackable = (seg.weight is None and not seg.drop_n and seg.n >= REPACK_MIN_COLUMNS
+                      and not self._small_rows(seg))
+        spec = CoreSpec("gemm", seg.rows, seg.n, seg.k, packable=seg.weight is not None, calls=seg.calls,
+                        repackable=repackable)
         choice = self.k.core(spec)
+        seg.repack = choice.impl == "repack"
         if choice.packed or seg.weight is None:
             return choice.kc
         if seg.merged:  # several weights: B is their concatenation, not one buffer
             seg.unpacked, seg.weight_label = np.ascontiguousarray(seg.weight), "weights_cat"
         seg.weight = None
         return 0
+
+    def _small_rows(self, seg: _Segment) -> bool:
+        """Whether af_sgemm runs the product on its small-row kernel, which reads B once in place:
+        packing B would cost about as much as the product."""
+        ta, _ = self._layout(seg, "a") or (True, 0)
+        tb, _ = self._layout(seg, "b") or (True, 0)
+        return seg.rows <= SMALL_ROWS and not ta and not tb
 
     def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, direct: bool) -> dict[str, object]:
         """The epilogue of ``seg`` on columns [offset, offset + N) of the tile."""

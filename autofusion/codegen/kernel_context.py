@@ -70,6 +70,9 @@ class KernelContext:
         choice = self.chooser.choose(spec)
         if choice.packed and not spec.packable:
             raise self.error(f"core {spec.describe()} cannot run the packed kernel (its weight is not constant)")
+        if choice.impl == "repack" and not spec.repackable:
+            raise self.error(f"core {spec.describe()} cannot pack its B per call (a constant weight, too narrow "
+                             "or a few-row product)")
         self.cores.append((spec, choice))
         return choice
 

@@ -32,7 +32,8 @@ CHANNELS = (1, 3, 8, 16, 24, 31, 32, 33, 64)
 CORE_CHOICES: tuple[CoreChoice | None, ...] = (
     None, None, None,  # the default chooser, as an untuned compile takes it
     CoreChoice("packed", 128), CoreChoice("packed", 256), CoreChoice("packed", 512), CoreChoice("packed", 1024),
-    CoreChoice("taps", 128), CoreChoice("taps", 512), CoreChoice("taps", 1024), CoreChoice("blas"),
+    CoreChoice("taps", 128), CoreChoice("taps", 512), CoreChoice("taps", 1024), CoreChoice("repack", 256),
+    CoreChoice("blas"),
     CoreChoice("depthwise"))
 KINDS = ("gemm", "gemm", "conv", "conv", "attention", "residual", "mlp")
 
