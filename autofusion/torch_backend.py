@@ -10,7 +10,9 @@ graph is compiled. Every call checks them (storage and version counter), and a p
 frozen values changed since is compiled again with the current ones (updates through ``.data`` bump
 no version counter and are not seen). A graph with in-place updates the converter cannot follow
 runs eagerly: a partition computes views as copies.
-Inference only: compiled parts do not record gradients.
+A graph that needs gradients (training) goes through ``aot_autograd``: its forward and backward
+graphs, in aten ops with the parameters as inputs, are partitioned and compiled the same way
+(frontends/fx_aten.py spells the backward ops), and autograd runs the compiled backward.
 
 Each compile logs one line (logger ``autofusion.torch``, INFO; on stderr with ``AUTOFUSION_LOG=1``):
 how many ops went to autofusion in how many partitions, and which ops stayed eager and why.
@@ -85,8 +87,7 @@ class AutofusionSubmodule:
         if self.model is None:
             assert self.eager is not None
             return self.eager(*args)
-        feeds = {name: np.ascontiguousarray(args[pos].detach().cpu().to(torch.float32).numpy())
-                 for name, pos in zip(self.input_names, self.runtime_positions)}
+        feeds = {name: _as_array(args[pos]) for name, pos in zip(self.input_names, self.runtime_positions)}
         results = self.model.run(feeds)
         outs = tuple(torch.from_numpy(results[name]) for name in self.output_names)
         return outs[0] if self.single_output else outs
@@ -111,6 +112,15 @@ class AutofusionSubmodule:
         warnings.warn(f"autofusion: a partition runs eagerly from now on: {why}", AutofusionFallbackWarning,
                       stacklevel=3)
         self.model, self.state_positions = None, ()
+
+
+def _as_array(tensor: Any) -> np.ndarray:
+    """A float32 tensor's own memory as an array (a copy only when it is not contiguous; a 0-d
+    tensor, such as a scalar loss's gradient, stays 0-d)."""
+    import torch
+
+    array = tensor.detach().cpu().to(torch.float32).numpy()
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def state_signature(tensors: Iterable[Any]) -> tuple[tuple[int, int], ...]:
@@ -183,8 +193,31 @@ def _attr(module: Any, target: str) -> Any:
 
 
 def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
-    """TorchDynamo backend: compile supported parts of ``gm`` with autofusion, run the rest eagerly."""
+    """TorchDynamo backend: compile supported parts of ``gm`` with autofusion, run the rest eagerly.
+    A graph that needs gradients goes through ``aot_autograd``: its forward and backward graphs
+    are compiled alike."""
     import torch
+
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs):
+        return _training_backend(gm, example_inputs)
+    return compile_graph(gm, example_inputs)
+
+
+def _training_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
+    """Forward and backward graphs (aten ops, parameters and saved tensors as inputs) from
+    ``aot_autograd``, each partitioned and compiled; autograd runs the backward one."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(label: str) -> Callable[[Any, Sequence[Any]], Any]:
+        return lambda graph, inputs: make_boxed_func(compile_graph(graph, inputs, label=label))
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(gm, example_inputs)
+
+
+def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> Any:
+    """``gm`` with its maximal runs of convertible nodes compiled as SuperKernels, or its own
+    ``forward`` when none can be."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -192,10 +225,6 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
         def is_node_supported(self, submodules: Any, node: Any) -> bool:
             return is_convertible(node)
 
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs):
-        warnings.warn("autofusion: gradients are required, so this graph runs eagerly (the compiled code is "
-                      "inference only; call under torch.no_grad())", AutofusionFallbackWarning, stacklevel=2)
-        return gm.forward
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
         node.meta["_autofusion_real"] = value  # real tensors when Dynamo passes them (it does by default)
@@ -206,7 +235,7 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
         return gm.forward
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
-    _log(compile_summary(gm, partitions))
+    _log(compile_summary(gm, partitions, label))
     if not partitions:
         return gm.forward
     fused = partitioner.fuse_partitions(partitions)
@@ -227,9 +256,10 @@ def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
     return fused if compiled_any else gm.forward
 
 
-def compile_summary(gm: Any, partitions: Sequence[Any]) -> str:
-    """One line on what a compile does with a graph: its ops, how many go to autofusion in how many
-    partitions, and each op left to eager with the reason."""
+def compile_summary(gm: Any, partitions: Sequence[Any], label: str = "") -> str:
+    """One line on what a compile does with a graph (``label``: forward or backward of a training
+    graph): its ops, how many go to autofusion in how many partitions, and each op left to eager
+    with the reason."""
     ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
     fused = sum(len(p.nodes) for p in partitions)
     eager: Counter[str] = Counter()
@@ -238,7 +268,8 @@ def compile_summary(gm: Any, partitions: Sequence[Any]) -> str:
         if reason:
             eager[f"{target_key(node) or node.target} ({reason})"] += 1
     left = ", ".join(f"{what} x{n}" for what, n in eager.most_common()) or "none"
-    return (f"autofusion: {len(ops)} ops, {fused} fused in {len(partitions)} partition(s); "
+    graph = f" {label} graph:" if label else ""
+    return (f"autofusion:{graph} {len(ops)} ops, {fused} fused in {len(partitions)} partition(s); "
             f"left to eager: {left}")
 
 

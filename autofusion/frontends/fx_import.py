@@ -16,53 +16,22 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.frontends import fx_aten
+from autofusion.frontends.fx_nodes import (
+    Converter,
+    FxConversionError,
+    Handler,
+    arg,
+    example_value,
+    out_shape,
+    shape_of,
+    static_float_tensor,
+    static_float_tensors,
+    target_key,
+)
 from autofusion.graph.graph import Graph
 from autofusion.graph.types import DType
 from autofusion.ir.builder import GraphBuilder
-
-
-class FxConversionError(ValueError):
-    """An FX node cannot be expressed in the autofusion IR."""
-
-
-Handler = Callable[["_Converter", Any], str]
-
-
-def target_key(node: Any) -> str | None:
-    """A canonical op name for an FX node (``"linear"``, ``"relu"``...), or None when not a torch op."""
-    if node.op == "call_method":
-        return str(node.target)
-    if node.op != "call_function":
-        return None
-    target = node.target
-    opname = getattr(target, "_opname", None)  # aten OpOverload / OpOverloadPacket
-    if opname is not None and type(target).__module__.startswith("torch"):
-        return str(opname)
-    module = getattr(target, "__module__", None) or ""
-    if target in (operator.add, operator.mul, operator.sub, operator.truediv, operator.matmul, operator.neg,
-                  operator.getitem):
-        return target.__name__
-    if module == "torch" or module.startswith("torch.") or module.startswith("torch._C"):
-        return getattr(target, "__name__", None)
-    return None
-
-
-def example_value(node: Any) -> Any:
-    """The (fake) example tensor recorded for ``node`` by TorchDynamo, or None."""
-    return node.meta.get("example_value", node.meta.get("val"))
-
-
-def static_float_tensor(value: Any) -> bool:
-    """True for a float32 tensor whose shape is made of plain ints (no symbolic sizes)."""
-    import torch
-
-    return (isinstance(value, torch.Tensor) and value.dtype == torch.float32
-            and all(type(d) is int for d in value.shape))
-
-
-def static_float_tensors(value: Any) -> bool:
-    """A tuple or list of static float32 tensors (what a split returns)."""
-    return isinstance(value, (tuple, list)) and bool(value) and all(static_float_tensor(v) for v in value)
 
 
 def is_convertible(node: Any) -> bool:
@@ -134,39 +103,6 @@ def _args_ok(node: Any) -> bool:
     return check is None or bool(check(node))
 
 
-class _Converter:
-    def __init__(self, builder: GraphBuilder, env: dict[Any, str]) -> None:
-        self.b = builder
-        self.env = env
-        self.consts: dict[str, np.ndarray] = {}
-        self.multi: dict[Any, tuple[str, ...]] = {}  # a split's node -> its parts
-
-    def tensor(self, arg: Any) -> str:
-        """The IR tensor for an FX argument: a converted node, or a Python scalar as a constant."""
-        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
-            return self.b.const(np.asarray(arg, np.float32))
-        if arg in self.env:
-            return self.env[arg]
-        raise FxConversionError(f"argument {arg!r} is not a tensor the converter knows")
-
-    def parts(self, arg: Any) -> tuple[str, ...]:
-        """The IR tensors of a multi-output node (a split)."""
-        found = self.multi.get(arg)
-        if found is None:
-            raise FxConversionError(f"argument {arg!r} is not a split the converter knows")
-        return found
-
-    def const_value(self, arg: Any) -> np.ndarray | None:
-        name = self.env.get(arg) if not isinstance(arg, (int, float)) else None
-        return self.consts.get(name) if name else None
-
-
-def _arg(node: Any, index: int, name: str, default: Any = None) -> Any:
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
 def _pair(value: Any) -> tuple[int, int]:
     if isinstance(value, int):
         return (value, value)
@@ -174,45 +110,41 @@ def _pair(value: Any) -> tuple[int, int]:
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
-def _out_shape(node: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in example_value(node).shape)
-
-
 def _unary(op: str, **attrs: Any) -> Handler:
     return lambda cv, node: cv.b.op(op, cv.tensor(node.args[0]), **attrs)
 
 
 def _binary(op: str) -> Handler:
-    return lambda cv, node: cv.b.op(op, cv.tensor(_arg(node, 0, "input")), cv.tensor(_arg(node, 1, "other")))
+    return lambda cv, node: cv.b.op(op, cv.tensor(arg(node, 0, "input")), cv.tensor(arg(node, 1, "other")))
 
 
-def _reshape(cv: _Converter, node: Any) -> str:
-    shape = np.asarray(_out_shape(node), np.int64)
+def _reshape(cv: Converter, node: Any) -> str:
+    shape = np.asarray(out_shape(node), np.int64)
     return cv.b.op("Reshape", cv.tensor(node.args[0]), cv.b.const(shape))
 
 
-def _permute(cv: _Converter, node: Any) -> str:
+def _permute(cv: Converter, node: Any) -> str:
     rest = node.args[1:]
     dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
     dims = dims or node.kwargs["dims"]
     return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=[int(d) for d in dims])
 
 
-def _transpose(cv: _Converter, node: Any) -> str:
-    rank = len(_out_shape(node))
+def _transpose(cv: Converter, node: Any) -> str:
+    rank = len(out_shape(node))
     perm = list(range(rank))
-    d0, d1 = int(_arg(node, 1, "dim0")) % rank, int(_arg(node, 2, "dim1")) % rank
+    d0, d1 = int(arg(node, 1, "dim0")) % rank, int(arg(node, 2, "dim1")) % rank
     perm[d0], perm[d1] = perm[d1], perm[d0]
     return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=perm)
 
 
-def _t(cv: _Converter, node: Any) -> str:
-    rank = len(_out_shape(node))
+def _t(cv: Converter, node: Any) -> str:
+    rank = len(out_shape(node))
     return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=[1, 0]) if rank == 2 else cv.tensor(node.args[0])
 
 
-def _linear(cv: _Converter, node: Any) -> str:
-    x, weight, bias = node.args[0], _arg(node, 1, "weight"), _arg(node, 2, "bias")
+def _linear(cv: Converter, node: Any) -> str:
+    x, weight, bias = node.args[0], arg(node, 1, "weight"), arg(node, 2, "bias")
     w_value = cv.const_value(weight)
     w_t = cv.b.const(np.ascontiguousarray(w_value.T)) if w_value is not None else \
         cv.b.op("Transpose", cv.tensor(weight), perm=[1, 0])  # frozen weights are transposed once, here
@@ -220,87 +152,87 @@ def _linear(cv: _Converter, node: Any) -> str:
     return cv.b.op("Add", y, cv.tensor(bias)) if bias is not None else y
 
 
-def _conv2d(cv: _Converter, node: Any) -> str:
-    x, weight, bias = node.args[0], _arg(node, 1, "weight"), _arg(node, 2, "bias")
-    stride, padding = _pair(_arg(node, 3, "stride", 1)), _pair(_arg(node, 4, "padding", 0))
-    dilation, groups = _pair(_arg(node, 5, "dilation", 1)), int(_arg(node, 6, "groups", 1))
+def _conv2d(cv: Converter, node: Any) -> str:
+    x, weight, bias = node.args[0], arg(node, 1, "weight"), arg(node, 2, "bias")
+    stride, padding = _pair(arg(node, 3, "stride", 1)), _pair(arg(node, 4, "padding", 0))
+    dilation, groups = _pair(arg(node, 5, "dilation", 1)), int(arg(node, 6, "groups", 1))
     inputs = [cv.tensor(x), cv.tensor(weight)] + ([cv.tensor(bias)] if bias is not None else [])
     return cv.b.op("Conv", *inputs, strides=list(stride), pads=[padding[0], padding[1], padding[0], padding[1]],
                    dilations=list(dilation), group=groups)
 
 
 def _conv2d_ok(node: Any) -> bool:
-    padding = _arg(node, 4, "padding", 0)
+    padding = arg(node, 4, "padding", 0)
     return not isinstance(padding, str) and len(example_value(node).shape) == 4
 
 
-def _ones_like_channels(cv: _Converter, arg: Any, size: int) -> str:
+def _ones_like_channels(cv: Converter, arg: Any, size: int) -> str:
     return cv.tensor(arg) if arg is not None else cv.b.const(np.ones(size, np.float32))
 
 
-def _zeros_like_channels(cv: _Converter, arg: Any, size: int) -> str:
+def _zeros_like_channels(cv: Converter, arg: Any, size: int) -> str:
     return cv.tensor(arg) if arg is not None else cv.b.const(np.zeros(size, np.float32))
 
 
-def _layer_norm(cv: _Converter, node: Any) -> str:
-    normalized = tuple(int(d) for d in _arg(node, 1, "normalized_shape"))
-    weight, bias, eps = _arg(node, 2, "weight"), _arg(node, 3, "bias"), float(_arg(node, 4, "eps", 1e-5))
+def _layer_norm(cv: Converter, node: Any) -> str:
+    normalized = tuple(int(d) for d in arg(node, 1, "normalized_shape"))
+    weight, bias, eps = arg(node, 2, "weight"), arg(node, 3, "bias"), float(arg(node, 4, "eps", 1e-5))
     scale = cv.tensor(weight) if weight is not None else cv.b.const(np.ones(normalized, np.float32))
     shift = cv.tensor(bias) if bias is not None else cv.b.const(np.zeros(normalized, np.float32))
     return cv.b.op("LayerNormalization", cv.tensor(node.args[0]), scale, shift, axis=-len(normalized), epsilon=eps)
 
 
-def _batch_norm(cv: _Converter, node: Any) -> str:
+def _batch_norm(cv: Converter, node: Any) -> str:
     x = node.args[0]
-    channels = _out_shape(node)[1]
-    mean, var = cv.tensor(_arg(node, 1, "running_mean")), cv.tensor(_arg(node, 2, "running_var"))
-    scale = _ones_like_channels(cv, _arg(node, 3, "weight"), channels)
-    shift = _zeros_like_channels(cv, _arg(node, 4, "bias"), channels)
-    eps = float(_arg(node, 7, "eps", 1e-5))
+    channels = out_shape(node)[1]
+    mean, var = cv.tensor(arg(node, 1, "running_mean")), cv.tensor(arg(node, 2, "running_var"))
+    scale = _ones_like_channels(cv, arg(node, 3, "weight"), channels)
+    shift = _zeros_like_channels(cv, arg(node, 4, "bias"), channels)
+    eps = float(arg(node, 7, "eps", 1e-5))
     return cv.b.op("BatchNormalization", cv.tensor(x), scale, shift, mean, var, epsilon=eps)
 
 
 def _batch_norm_ok(node: Any) -> bool:
-    return (not bool(_arg(node, 5, "training", False)) and _arg(node, 1, "running_mean") is not None
-            and _arg(node, 2, "running_var") is not None)
+    return (not bool(arg(node, 5, "training", False)) and arg(node, 1, "running_mean") is not None
+            and arg(node, 2, "running_var") is not None)
 
 
-def _max_pool2d(cv: _Converter, node: Any) -> str:
-    kernel = _pair(_arg(node, 1, "kernel_size"))
-    stride_arg = _arg(node, 2, "stride")
+def _max_pool2d(cv: Converter, node: Any) -> str:
+    kernel = _pair(arg(node, 1, "kernel_size"))
+    stride_arg = arg(node, 2, "stride")
     stride = _pair(stride_arg) if stride_arg not in (None, ()) and stride_arg != [] else kernel
-    padding, dilation = _pair(_arg(node, 3, "padding", 0)), _pair(_arg(node, 4, "dilation", 1))
-    ceil = int(bool(_arg(node, 5, "ceil_mode", False)))
+    padding, dilation = _pair(arg(node, 3, "padding", 0)), _pair(arg(node, 4, "dilation", 1))
+    ceil = int(bool(arg(node, 5, "ceil_mode", False)))
     return cv.b.op("MaxPool", cv.tensor(node.args[0]), kernel_shape=list(kernel), strides=list(stride),
                    pads=[padding[0], padding[1], padding[0], padding[1]], dilations=list(dilation), ceil_mode=ceil)
 
 
 def _max_pool2d_ok(node: Any) -> bool:
-    return not bool(_arg(node, 6, "return_indices", False)) and len(example_value(node).shape) == 4
+    return not bool(arg(node, 6, "return_indices", False)) and len(example_value(node).shape) == 4
 
 
 def _adaptive_avg_pool_ok(node: Any) -> bool:
-    size = _arg(node, 1, "output_size")
+    size = arg(node, 1, "output_size")
     return size == 1 or (isinstance(size, (tuple, list)) and all(s == 1 for s in size))
 
 
-def _softmax(cv: _Converter, node: Any) -> str:
-    return cv.b.op("Softmax", cv.tensor(node.args[0]), axis=int(_arg(node, 1, "dim")))
+def _softmax(cv: Converter, node: Any) -> str:
+    return cv.b.op("Softmax", cv.tensor(node.args[0]), axis=int(arg(node, 1, "dim")))
 
 
-def _gelu(cv: _Converter, node: Any) -> str:
+def _gelu(cv: Converter, node: Any) -> str:
     return cv.b.op("Gelu", cv.tensor(node.args[0]), approximate=str(node.kwargs.get("approximate", "none")))
 
 
-def _identity(cv: _Converter, node: Any) -> str:
+def _identity(cv: Converter, node: Any) -> str:
     return cv.tensor(node.args[0])
 
 
 def _dropout_ok(node: Any) -> bool:
-    return not bool(_arg(node, 2, "training", True))
+    return not bool(arg(node, 2, "training", True))
 
 
-def _addmm(cv: _Converter, node: Any) -> str:
+def _addmm(cv: Converter, node: Any) -> str:
     """``addmm(bias, x, w)``: x @ w + bias (GPT-2's Conv1D)."""
     return cv.b.op("Add", cv.b.op("MatMul", cv.tensor(node.args[1]), cv.tensor(node.args[2])), cv.tensor(node.args[0]))
 
@@ -309,7 +241,7 @@ def _addmm_ok(node: Any) -> bool:
     return len(node.args) == 3 and node.kwargs.get("beta", 1) == 1 and node.kwargs.get("alpha", 1) == 1
 
 
-def _pow(cv: _Converter, node: Any) -> str:
+def _pow(cv: Converter, node: Any) -> str:
     return cv.b.op("Pow", cv.tensor(node.args[0]), cv.b.const(np.asarray(float(node.args[1]), np.float32)))
 
 
@@ -317,7 +249,7 @@ def _pow_ok(node: Any) -> bool:
     return len(node.args) == 2 and isinstance(node.args[1], (int, float)) and not isinstance(node.args[1], bool)
 
 
-def _new_tensor(cv: _Converter, node: Any) -> str:
+def _new_tensor(cv: Converter, node: Any) -> str:
     """``torch.tensor(data)``: the data as a constant (e.g. the empty start of a key cache)."""
     return cv.b.const(np.asarray(node.args[0], np.float32))
 
@@ -331,12 +263,12 @@ def _new_tensor_ok(node: Any) -> bool:
     return len(node.args) == 1 and numbers(node.args[0])
 
 
-def _cat(cv: _Converter, node: Any) -> str:
+def _cat(cv: Converter, node: Any) -> str:
     """``cat(tensors, dim)``; empty tensors (a cache's empty start) drop out, as torch treats them."""
     parts = [a for a in node.args[0] if example_value(a).numel() > 0]
     if len(parts) == 1:
         return cv.tensor(parts[0])
-    return cv.b.op("Concat", *(cv.tensor(a) for a in parts), axis=int(_arg(node, 1, "dim", 0)))
+    return cv.b.op("Concat", *(cv.tensor(a) for a in parts), axis=int(arg(node, 1, "dim", 0)))
 
 
 def _cat_ok(node: Any) -> bool:
@@ -344,17 +276,17 @@ def _cat_ok(node: Any) -> bool:
     return isinstance(tensors, (list, tuple)) and any(example_value(a).numel() > 0 for a in tensors)
 
 
-def _split(cv: _Converter, node: Any) -> str:
+def _split(cv: Converter, node: Any) -> str:
     """``x.split(size, dim)`` into its parts (read by getitem)."""
-    sizes = [int(v.shape[int(_arg(node, 2, "dim", 0))]) for v in example_value(node)]
-    axis = int(_arg(node, 2, "dim", 0))
+    sizes = [int(v.shape[int(arg(node, 2, "dim", 0))]) for v in example_value(node)]
+    axis = int(arg(node, 2, "dim", 0))
     parts = cv.b.op_multi("Split", [cv.tensor(node.args[0]), cv.b.const(np.asarray(sizes, np.int64))], len(sizes),
                           axis=axis)
     cv.multi[node] = tuple(parts)
     return parts[0]
 
 
-def _getitem(cv: _Converter, node: Any) -> str:
+def _getitem(cv: Converter, node: Any) -> str:
     return cv.parts(node.args[0])[int(node.args[1])]
 
 
@@ -362,22 +294,22 @@ def _getitem_ok(node: Any) -> bool:
     return len(node.args) == 2 and isinstance(node.args[1], int)
 
 
-def _attention(cv: _Converter, node: Any) -> str:
+def _attention(cv: Converter, node: Any) -> str:
     """``scaled_dot_product_attention(q, k, v)``: softmax(q k^T * scale + mask) v, as the attention
     rules expect it; ``is_causal`` adds -inf above the diagonal, a float mask is added."""
     q, k, v = (node.args[i] for i in range(3))
-    shape_q, shape_k = _shape_of(q), _shape_of(k)
+    shape_q, shape_k = shape_of(q), shape_of(k)
     rank = len(shape_q)
     perm = list(range(rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
     scores = cv.b.op("MatMul", cv.tensor(q), cv.b.op("Transpose", cv.tensor(k), perm=perm))
-    scale = _arg(node, 6, "scale")
+    scale = arg(node, 6, "scale")
     scale = float(scale) if scale is not None else 1.0 / float(np.sqrt(shape_q[-1]))
     scores = cv.b.op("Mul", scores, cv.b.const(np.asarray(scale, np.float32)))
-    mask = _arg(node, 3, "attn_mask")
+    mask = arg(node, 3, "attn_mask")
     if mask is not None:
         scores = cv.b.op("Add", scores, cv.tensor(mask))
-    if bool(_arg(node, 5, "is_causal", False)):
+    if bool(arg(node, 5, "is_causal", False)):
         length, source = shape_q[-2], shape_k[-2]
         causal = np.triu(np.full((length, source), -np.inf, np.float32), k=1)  # torch's: aligned top left
         scores = cv.b.op("Add", scores, cv.b.const(causal))
@@ -385,20 +317,16 @@ def _attention(cv: _Converter, node: Any) -> str:
 
 
 def _attention_ok(node: Any) -> bool:
-    mask = _arg(node, 3, "attn_mask")
+    mask = arg(node, 3, "attn_mask")
     if mask is not None and not static_float_tensor(example_value(mask)):
         return False  # a boolean mask stays eager
-    if float(_arg(node, 4, "dropout_p", 0.0)) != 0.0 or node.kwargs.get("enable_gqa", False):
+    if float(arg(node, 4, "dropout_p", 0.0)) != 0.0 or node.kwargs.get("enable_gqa", False):
         return False
-    shapes = [_shape_of(node.args[i]) for i in range(3)] if len(node.args) >= 3 else []
+    shapes = [shape_of(node.args[i]) for i in range(3)] if len(node.args) >= 3 else []
     return bool(shapes) and shapes[0][:-2] == shapes[1][:-2] == shapes[2][:-2] and shapes[1][-2] == shapes[2][-2]
 
 
-def _shape_of(arg: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in example_value(arg).shape)
-
-
-def _rsqrt(cv: _Converter, node: Any) -> str:
+def _rsqrt(cv: Converter, node: Any) -> str:
     return cv.b.op("Reciprocal", cv.b.op("Sqrt", cv.tensor(node.args[0])))
 
 
@@ -468,6 +396,7 @@ HANDLERS: Mapping[str, Handler] = {
     "t": _t,
     "contiguous": _identity,
     "dropout": _identity,
+    **fx_aten.HANDLERS,  # the ops of training graphs (aot_autograd)
 }
 
 ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
@@ -476,29 +405,30 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "max_pool2d": _max_pool2d_ok,
     "adaptive_avg_pool2d": _adaptive_avg_pool_ok,
     "dropout": _dropout_ok,
-    "softmax": lambda node: _arg(node, 1, "dim") is not None and node.kwargs.get("dtype") is None,
+    "softmax": lambda node: arg(node, 1, "dim") is not None and node.kwargs.get("dtype") is None,
     "add": lambda node: _alpha_ok(node) and _tensors_ok(node),
     "sub": lambda node: _alpha_ok(node) and _tensors_ok(node),
     "mul": _tensors_ok,
     "div": lambda node: _div_ok(node) and _tensors_ok(node),
     "truediv": _tensors_ok,
     "contiguous": lambda node: len(node.args) == 1 and not node.kwargs,
-    "relu": lambda node: not bool(_arg(node, 1, "inplace", False)) or _inplace_ok(node),
+    "relu": lambda node: not bool(arg(node, 1, "inplace", False)) or _inplace_ok(node),
     "relu_": _inplace_ok,
     "addmm": _addmm_ok,
     "pow": _pow_ok,
     "tensor": _new_tensor_ok,
     "cat": _cat_ok,
-    "split": lambda node: isinstance(_arg(node, 1, "split_size"), (int, list, tuple)),
+    "split": lambda node: isinstance(arg(node, 1, "split_size"), (int, list, tuple)),
     "getitem": _getitem_ok,
     "scaled_dot_product_attention": _attention_ok,
+    **fx_aten.ARG_CHECKS,
 }
-MULTI_OUTPUT = frozenset({"split"})  # ops whose value is a tuple of tensors
+MULTI_OUTPUT = frozenset({"split"}) | fx_aten.MULTI_OUTPUT  # ops whose value is a tuple of tensors
 # ops whose result is storage of its own, never a view of an input (an in-place update of it is private)
 FRESH_STORAGE = frozenset({"linear", "conv2d", "batch_norm", "layer_norm", "add", "mul", "sub", "div", "truediv",
                            "matmul", "bmm", "mm", "addmm", "gelu", "tanh", "sigmoid", "exp", "sqrt", "rsqrt",
                            "neg", "pow", "softmax", "max_pool2d", "adaptive_avg_pool2d", "cat",
-                           "scaled_dot_product_attention"})
+                           "scaled_dot_product_attention"}) | fx_aten.FRESH_STORAGE
 
 
 
@@ -511,7 +441,7 @@ def fx_to_graph(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[boo
     """
     builder = GraphBuilder(name)
     env: dict[Any, str] = {}
-    cv = _Converter(builder, env)
+    cv = Converter(builder, env)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(placeholder_values) or len(frozen) != len(placeholders):
         raise FxConversionError("one value and one frozen flag are needed per placeholder")

@@ -1,0 +1,221 @@
+"""The aten ops of training graphs: what ``aot_autograd`` hands a backend for the forward and the
+backward pass, beyond the ops eager graphs share with them (mm, addmm, view, add...).
+
+Each backward op is spelled in IR ops from its formula, so the fusion rules see ordinary pointwise
+ops and reductions (a ``threshold_backward`` is a Where the GEMM before it can take as epilogue, a
+bias gradient is a ReduceSum over the batch rows). The formulas are torch's own
+(tools/autograd/derivatives.yaml); the tests compare every op with torch on random inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from autofusion.frontends.fx_nodes import Converter, Handler, arg, example_value, out_shape, shape_of
+
+
+def _scalar(cv: Converter, value: float) -> str:
+    return cv.b.const(np.asarray(value, np.float32))
+
+
+def _axes(cv: Converter, axes: list[int]) -> str:
+    return cv.b.const(np.asarray(axes, np.int64))
+
+
+def _dims(node: Any, position: int, name: str) -> list[int] | None:
+    """The reduced dimensions of a sum/mean, normalised to non-negative; None for all of them."""
+    dims = arg(node, position, name)
+    if dims is None:
+        return None
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    rank = len(shape_of(node.args[0]))
+    return sorted({int(d) % rank for d in dims}) if dims else None
+
+
+def _reduce(op: str) -> Handler:
+    """``sum``/``mean`` over ``dim`` (all dimensions when absent), keeping them with ``keepdim``."""
+
+    def handler(cv: Converter, node: Any) -> str:
+        dims = _dims(node, 1, "dim")
+        keep = int(bool(arg(node, 2, "keepdim", False)))
+        x = cv.tensor(node.args[0])
+        if dims is None:
+            return cv.b.op(op, x, keepdims=keep)
+        return cv.b.op(op, x, _axes(cv, dims), keepdims=keep)
+
+    return handler
+
+
+def _reduce_ok(node: Any) -> bool:
+    return node.kwargs.get("dtype") is None and len(node.args) <= 3 and not isinstance(arg(node, 2, "keepdim"), str)
+
+
+def _expand(cv: Converter, node: Any) -> str:
+    return cv.b.op("Expand", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
+
+
+def _reshape(cv: Converter, node: Any) -> str:
+    return cv.b.op("Reshape", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
+
+
+def _identity(cv: Converter, node: Any) -> str:
+    return cv.tensor(node.args[0])
+
+
+def _softmax(cv: Converter, node: Any) -> str:
+    return cv.b.op("Softmax", cv.tensor(node.args[0]), axis=int(node.args[1]))
+
+
+def _normalized_axes(x: Any, normalized_shape: Any) -> list[int]:
+    """The trailing axes of ``x`` a layer norm over ``normalized_shape`` normalises."""
+    rank = len(shape_of(x))
+    return list(range(rank - len(normalized_shape), rank))
+
+
+def _native_layer_norm(cv: Converter, node: Any) -> str:
+    """(y, mean, rstd): y through LayerNormalization, the statistics the backward pass reads beside it."""
+    axes = _normalized_axes(node.args[0], node.args[1])
+    normalized = [int(d) for d in node.args[1]]
+    x = cv.tensor(node.args[0])
+    weight, bias, eps = node.args[2], node.args[3], float(node.args[4])
+    scale = cv.tensor(weight) if weight is not None else cv.b.const(np.ones(normalized, np.float32))
+    shift = cv.tensor(bias) if bias is not None else cv.b.const(np.zeros(normalized, np.float32))
+    y = cv.b.op("LayerNormalization", x, scale, shift, axis=axes[0], epsilon=eps)
+    mean = cv.b.op("ReduceMean", x, _axes(cv, axes), keepdims=1)
+    centred = cv.b.op("Sub", x, mean)
+    var = cv.b.op("ReduceMean", cv.b.op("Mul", centred, centred), _axes(cv, axes), keepdims=1)
+    rstd = cv.b.op("Reciprocal", cv.b.op("Sqrt", cv.b.op("Add", var, _scalar(cv, eps))))
+    cv.multi[node] = (y, mean, rstd)
+    return y
+
+
+def _native_layer_norm_ok(node: Any) -> bool:
+    return len(node.args) == 5 and all(isinstance(d, int) for d in node.args[1])
+
+
+def _native_layer_norm_backward(cv: Converter, node: Any) -> str:
+    """(dx, dweight, dbias) of y = xhat * w + b with xhat = (x - mean) * rstd over the last axes:
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, dweight = sum(dy * xhat) and
+    dbias = sum(dy) over the leading axes."""
+    axes = _normalized_axes(node.args[1], node.args[2])
+    dy, x = cv.tensor(node.args[0]), cv.tensor(node.args[1])
+    mean, rstd = cv.tensor(node.args[3]), cv.tensor(node.args[4])
+    weight = node.args[5]
+    xhat = cv.b.op("Mul", cv.b.op("Sub", x, mean), rstd)
+    g = cv.b.op("Mul", dy, cv.tensor(weight)) if weight is not None else dy
+    mean_g = cv.b.op("ReduceMean", g, _axes(cv, axes), keepdims=1)
+    mean_gx = cv.b.op("ReduceMean", cv.b.op("Mul", g, xhat), _axes(cv, axes), keepdims=1)
+    dx = cv.b.op("Mul", rstd, cv.b.op("Sub", cv.b.op("Sub", g, mean_g), cv.b.op("Mul", xhat, mean_gx)))
+    lead = _axes(cv, list(range(axes[0])))
+    dweight = cv.b.op("ReduceSum", cv.b.op("Mul", dy, xhat), lead, keepdims=0)
+    dbias = cv.b.op("ReduceSum", dy, lead, keepdims=0)
+    if axes[0] == 0:  # nothing to sum over: the gradients are the products themselves
+        dweight, dbias = cv.b.op("Mul", dy, xhat), dy
+    cv.multi[node] = (dx, dweight, dbias)
+    return dx
+
+
+def _native_layer_norm_backward_ok(node: Any) -> bool:
+    mask = node.args[7] if len(node.args) > 7 else None
+    return (len(node.args) == 8 and all(isinstance(d, int) for d in node.args[2]) and list(mask or []) == [True] * 3
+            and node.args[5] is not None and node.args[6] is not None)
+
+
+def _gelu_backward(cv: Converter, node: Any) -> str:
+    """dy * (cdf(x) + x * pdf(x)), GELU's exact form."""
+    dy, x = cv.tensor(node.args[0]), cv.tensor(node.args[1])
+    cdf = cv.b.op("Mul", _scalar(cv, 0.5), cv.b.op("Add", _scalar(cv, 1.0),
+                                                   cv.b.op("Erf", cv.b.op("Mul", x, _scalar(cv, math.sqrt(0.5))))))
+    gauss = cv.b.op("Exp", cv.b.op("Mul", cv.b.op("Mul", x, x), _scalar(cv, -0.5)))
+    pdf = cv.b.op("Mul", gauss, _scalar(cv, 1.0 / math.sqrt(2.0 * math.pi)))
+    return cv.b.op("Mul", dy, cv.b.op("Add", cdf, cv.b.op("Mul", x, pdf)))
+
+
+def _gelu_backward_ok(node: Any) -> bool:
+    return str(node.kwargs.get("approximate", arg(node, 2, "approximate", "none"))) == "none"
+
+
+def _softmax_backward_data(cv: Converter, node: Any) -> str:
+    """y * (dy - sum(dy * y)) along the softmax axis."""
+    dy, y = cv.tensor(node.args[0]), cv.tensor(node.args[1])
+    axis = int(node.args[2]) % len(out_shape(node))
+    dot = cv.b.op("ReduceSum", cv.b.op("Mul", dy, y), _axes(cv, [axis]), keepdims=1)
+    return cv.b.op("Mul", y, cv.b.op("Sub", dy, dot))
+
+
+def _threshold_backward(cv: Converter, node: Any) -> str:
+    """dy where x > threshold, else 0 (ReLU's backward with threshold 0)."""
+    dy, x = cv.tensor(node.args[0]), cv.tensor(node.args[1])
+    above = cv.b.op("Greater", x, _scalar(cv, float(node.args[2])))
+    return cv.b.op("Where", above, dy, _scalar(cv, 0.0))
+
+
+def _tanh_backward(cv: Converter, node: Any) -> str:
+    dy, y = cv.tensor(node.args[0]), cv.tensor(node.args[1])
+    return cv.b.op("Mul", dy, cv.b.op("Sub", _scalar(cv, 1.0), cv.b.op("Mul", y, y)))
+
+
+def _sigmoid_backward(cv: Converter, node: Any) -> str:
+    dy, y = cv.tensor(node.args[0]), cv.tensor(node.args[1])
+    return cv.b.op("Mul", dy, cv.b.op("Mul", y, cv.b.op("Sub", _scalar(cv, 1.0), y)))
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _convolution(cv: Converter, node: Any) -> str:
+    """``convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)``, 2-D."""
+    x, weight, bias = node.args[0], node.args[1], node.args[2]
+    stride, padding, dilation = (list(node.args[i]) for i in (3, 4, 5))
+    inputs = [cv.tensor(x), cv.tensor(weight)] + ([cv.tensor(bias)] if bias is not None else [])
+    return cv.b.op("Conv", *inputs, strides=stride, pads=padding + padding, dilations=dilation,
+                   group=int(node.args[8]))
+
+
+def _convolution_ok(node: Any) -> bool:
+    return (len(node.args) == 9 and not node.args[6] and len(example_value(node).shape) == 4
+            and all(len(node.args[i]) == 2 for i in (3, 4, 5)))
+
+
+HANDLERS: Mapping[str, Handler] = {
+    "expand": _expand,
+    "clone": _identity,
+    "detach": _identity,
+    "_unsafe_view": _reshape,
+    "_softmax": _softmax,
+    "sum": _reduce("ReduceSum"),
+    "mean": _reduce("ReduceMean"),
+    "native_layer_norm": _native_layer_norm,
+    "native_layer_norm_backward": _native_layer_norm_backward,
+    "gelu_backward": _gelu_backward,
+    "_softmax_backward_data": _softmax_backward_data,
+    "threshold_backward": _threshold_backward,
+    "tanh_backward": _tanh_backward,
+    "sigmoid_backward": _sigmoid_backward,
+    "convolution": _convolution,
+}
+
+ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
+    "expand": lambda node: len(node.args) == 2 and not node.kwargs.get("implicit", False),
+    "clone": lambda node: len(node.args) == 1,
+    "detach": lambda node: len(node.args) == 1 and not node.kwargs,
+    "_softmax": lambda node: len(node.args) == 3 and not node.args[2],
+    "sum": _reduce_ok,
+    "mean": _reduce_ok,
+    "native_layer_norm": _native_layer_norm_ok,
+    "native_layer_norm_backward": _native_layer_norm_backward_ok,
+    "gelu_backward": _gelu_backward_ok,
+    "_softmax_backward_data": lambda node: len(node.args) == 4,
+    "threshold_backward": lambda node: len(node.args) == 3 and _numeric(node.args[2]),
+    "convolution": _convolution_ok,
+}
+
+MULTI_OUTPUT = frozenset({"native_layer_norm", "native_layer_norm_backward"})  # tuples read by getitem
+# ops whose result is storage of its own (an in-place update of it is private)
+FRESH_STORAGE = frozenset({"sum", "mean", "_softmax", "native_layer_norm", "gelu_backward", "_softmax_backward_data",
+                           "threshold_backward", "tanh_backward", "sigmoid_backward", "convolution", "clone"})

@@ -1,0 +1,97 @@
+"""The pieces of an FX graph every converter reads: op names, example values, arguments, and
+the converter state that maps FX nodes to IR tensors (torch is never imported at module level)."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autofusion.ir.builder import GraphBuilder
+
+
+class FxConversionError(ValueError):
+    """An FX node cannot be expressed in the autofusion IR."""
+
+
+Handler = Callable[["Converter", Any], str]
+
+
+def target_key(node: Any) -> str | None:
+    """A canonical op name for an FX node (``"linear"``, ``"relu"``...), or None when not a torch op."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op != "call_function":
+        return None
+    target = node.target
+    opname = getattr(target, "_opname", None)  # aten OpOverload / OpOverloadPacket
+    if opname is not None and type(target).__module__.startswith("torch"):
+        return str(opname)
+    module = getattr(target, "__module__", None) or ""
+    if target in (operator.add, operator.mul, operator.sub, operator.truediv, operator.matmul, operator.neg,
+                  operator.getitem):
+        return target.__name__
+    if module == "torch" or module.startswith("torch.") or module.startswith("torch._C"):
+        return getattr(target, "__name__", None)
+    return None
+
+
+def example_value(node: Any) -> Any:
+    """The (fake) example tensor recorded for ``node`` by TorchDynamo, or None."""
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def static_float_tensor(value: Any) -> bool:
+    """True for a float32 tensor whose shape is made of plain ints (no symbolic sizes)."""
+    import torch
+
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.float32
+            and all(type(d) is int for d in value.shape))
+
+
+def static_float_tensors(value: Any) -> bool:
+    """A tuple or list of static float32 tensors (what a split returns)."""
+    return isinstance(value, (tuple, list)) and bool(value) and all(static_float_tensor(v) for v in value)
+
+
+class Converter:
+    def __init__(self, builder: GraphBuilder, env: dict[Any, str]) -> None:
+        self.b = builder
+        self.env = env
+        self.consts: dict[str, np.ndarray] = {}
+        self.multi: dict[Any, tuple[str, ...]] = {}  # a split's node -> its parts
+
+    def tensor(self, arg: Any) -> str:
+        """The IR tensor for an FX argument: a converted node, or a Python scalar as a constant."""
+        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            return self.b.const(np.asarray(arg, np.float32))
+        if arg in self.env:
+            return self.env[arg]
+        raise FxConversionError(f"argument {arg!r} is not a tensor the converter knows")
+
+    def parts(self, arg: Any) -> tuple[str, ...]:
+        """The IR tensors of a multi-output node (a split)."""
+        found = self.multi.get(arg)
+        if found is None:
+            raise FxConversionError(f"argument {arg!r} is not a split the converter knows")
+        return found
+
+    def const_value(self, arg: Any) -> np.ndarray | None:
+        name = self.env.get(arg) if not isinstance(arg, (int, float)) else None
+        return self.consts.get(name) if name else None
+
+
+def arg(node: Any, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def out_shape(node: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in example_value(node).shape)
+
+
+def shape_of(arg: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in example_value(arg).shape)
