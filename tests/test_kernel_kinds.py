@@ -5,6 +5,7 @@ picks the kind and breaks cost ties in every strategy."""
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,26 @@ def test_plans_keep_their_kinds_when_copied_and_take_the_builtins_when_pickled(t
     assert copy.deepcopy(plan) == plan
     back = pickle.loads(pickle.dumps(plan))  # a bench worker's job: functions do not travel
     assert back == plan and "tie" not in back.kinds and back.registry is not None
+
+
+def test_a_transposed_operand_joins_its_matrix_product_and_other_prologues_do_not() -> None:
+    """gemm_transposed_operand (rules/core.fuse): the product reads a Transpose of a tensor from
+    memory through strides, so the two are one kernel with no copy; an op that computes (the Relu
+    under the second Transpose) stays apart: the core reads its operands from memory."""
+    b = GraphBuilder("wgrad")
+    x, dy = b.input("x", (64, 32)), b.input("dy", (64, 48))
+    dw = b.op("MatMul", b.op("Transpose", x, perm=[1, 0]), dy)  # a weight gradient: x^T @ dy
+    other = b.op("MatMul", b.op("Transpose", b.op("Relu", x), perm=[1, 0]), dy)
+    g = b.build([dw, other])
+    plan = optimize(g)
+    kernels = sorted((grp.template, tuple(g.node_by_name[n].op for n in grp.nodes)) for grp in plan.groups)
+    assert kernels == [("gemm_epilogue", ("Transpose", "MatMul"))] * 2 + [("pointwise", ("Relu",))], kernels
+    model = CompiledModel(plan)
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32),
+             "dy": np.random.default_rng(1).standard_normal((64, 48)).astype(np.float32)}
+    ref, out = run_graph(g, feeds), model.run(feeds)
+    for t in (dw, other):
+        np.testing.assert_allclose(out[t], ref[t], rtol=1e-4, atol=1e-4)
+    for k in model.source.kernels:
+        if k.group.template == "gemm_epilogue":  # x^T read in place: rows 1 apart, K steps 32 apart
+            assert re.search(r"af_sgemm_packed\(mlen, nlen, 64, \d+, 1.0f, t_\w+ \+ \(?m0\)?, 1, 32,", k.code), k.code

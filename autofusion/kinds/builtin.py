@@ -80,9 +80,16 @@ def _one_core(facts: GroupFacts, core: str) -> Acceptance:
     op = facts.node(name).op
     if facts.defs[name].core != core:
         return refuse(f"{op} takes no epilogue" if not facts.defs[name].core else f"{op} is no {core} core")
-    if facts.fed_from_inside(name):  # the core reads its inputs from memory
+    if any(not _strided_operand(facts, p) for p in facts.inside_producers(name)) or (
+            core != "gemm" and facts.fed_from_inside(name)):  # the core reads its inputs from memory
         return refuse("prologue into an opaque core")
     return ACCEPT
+
+
+def _strided_operand(facts: GroupFacts, name: str) -> bool:
+    """A Transpose of a tensor the group reads from memory: a matrix product reads it in place
+    through strides (codegen/views.py), so it costs no pass of its own."""
+    return facts.node(name).op == "Transpose" and not facts.fed_from_inside(name)
 
 
 def _gemm_epilogue(facts: GroupFacts) -> Acceptance:

@@ -71,8 +71,13 @@ class GroupFacts:
 
     def fed_from_inside(self, name: str) -> bool:
         """Whether a computing member of the group produces one of ``name``'s inputs."""
+        return bool(self.inside_producers(name))
+
+    def inside_producers(self, name: str) -> tuple[str, ...]:
+        """The computing members of the group that produce ``name``'s inputs."""
+        found = []
         for i in self.node(name).inputs:
             p = self.graph.producers.get(i)
             if p is not None and p.name in self.nodes and not self.is_view(p.name):
-                return True
-        return False
+                found.append(p.name)
+        return tuple(found)
