@@ -126,3 +126,46 @@ def test_many_rows_run_in_parallel() -> None:
     g = b.build([b.op("LayerNormalization", b.op("Gelu", x), b.const(f32(96)), axis=-1)])
     code = check(g, {"x": f32(512, 96)})
     assert "#pragma omp for schedule(dynamic" in code
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "ArgMax"])
+@pytest.mark.parametrize("shape,axes", [((512, 96), (0,)), ((4, 33, 40), (0, 1)), ((7, 17), (0,)),
+                                        ((300, 1000), (0,)), ((6, 5, 18), (0,))])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reductions_over_leading_axes_run_rows_side_by_side(op: str, shape: tuple[int, ...],
+                                                            axes: tuple[int, ...], keepdims: int) -> None:
+    """A reduction whose axes all precede the kept ones (a bias gradient: the sum over the batch
+    rows) reduces its rows side by side, each step reading a contiguous run of them: with a
+    pointwise prologue and epilogue, rows not a multiple of the block, fewer than 16 rows (one at a
+    time), axes that do not lead (one at a time)."""
+    b = GraphBuilder("columns")
+    x, r = b.input("x", shape), b.input("r", shape[-1:])
+    h = b.op("Add", x, r)
+    if op == "ArgMax":
+        if len(axes) > 1:
+            return  # one axis only
+        y = b.op("ArgMax", h, axis=axes[0], keepdims=keepdims)
+    else:
+        y = b.op("Mul", b.op(op, h, b.const(np.asarray(axes, np.int64)), keepdims=keepdims), b.const(np.float32(0.5)))
+    code = check(b.build([y]), {"x": f32(*shape), "r": f32(shape[-1])})
+    rows = int(np.prod([n for d, n in enumerate(shape) if d not in axes]))
+    leading = max(axes) < min(d for d in range(len(shape)) if d not in axes)
+    assert ("side by side" in code) == (leading and rows >= 16), code[:3000]
+
+
+def test_reduction_over_a_trailing_axis_keeps_one_row_at_a_time() -> None:
+    b = GraphBuilder("rows")
+    x = b.input("x", (64, 48))
+    code = check(b.build([b.op("ReduceSum", x, b.const(np.asarray([1], np.int64)), keepdims=0)]), {"x": f32(64, 48)})
+    assert "side by side" not in code
+
+
+def test_rows_side_by_side_also_write_the_prologue_when_it_is_an_output() -> None:
+    """A gradient sum that is also an output (the residual's gradient) and its bias gradient, the
+    sum over the rows, in one kernel: the prologue's value is stored where it is computed."""
+    b = GraphBuilder("residual_grad")
+    x, y = b.input("x", (8, 20, 48)), b.input("y", (8, 20, 48))
+    h = b.op("Add", x, y)
+    g = b.build([h, b.op("ReduceSum", h, b.const(np.asarray([0, 1], np.int64)), keepdims=0)])
+    code = check(g, {"x": f32(8, 20, 48), "y": f32(8, 20, 48)})
+    assert "side by side" in code and code.count("stage 0") == 1

@@ -38,6 +38,8 @@ from autofusion.graph.graph import Node
 from autofusion.ops.registry import OpRegistry
 
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a loop nest runs on one thread (fork/join costs more)
+COLUMN_BLOCK = 256  # rows reduced side by side (their accumulators stay in L1)
+COLUMN_MIN_ROWS = 16  # fewer rows side by side would not fill a vector
 CHUNKS_PER_LOOP = 32  # dynamic scheduling in this many chunks: a descheduled thread holds up little
 
 
@@ -325,6 +327,7 @@ class LoopNest:
                     "body": body.lines + updates,
                     "simd": clause,
                     "after": list(ps.after),
+                    "accs": [(a.ctype, a.var) for a in ps.accs],
                 })
             reduced = row_block.child()
             for tensor, dest in stage.reduced:
@@ -344,7 +347,11 @@ class LoopNest:
         inner_exprs = ix.delinear("j", [spec.x_shape[d] for d in spec.axes])
         comment = (f"stage {stage.k}: {spec.node.op} {spec.node.name} over axes {list(spec.axes)} of "
                    f"{spec.x} {list(spec.x_shape)}: {spec.rows} rows x {spec.length}")
+        columns = self._column_block(stage, passes)
+        if columns:
+            comment += f", {columns} rows side by side (the reduced axes lead: rows are contiguous)"
         return dict(
+            columns=columns,
             comment=c_comment_text(comment),
             rows=spec.rows,
             length=spec.length,
@@ -359,6 +366,19 @@ class LoopNest:
             reduced=reduced.lines,
             full=full.lines,
         )
+
+    def _column_block(self, stage: _Stage, passes: Sequence[Mapping[str, object]]) -> int:
+        """Rows reduced side by side, when the reduced axes all precede the kept ones (a bias
+        gradient: a sum over the batch rows of [M, N]). A row is then a column of X: reduced
+        one at a time it reads X at a stride of N (2 GB/s here); side by side, each step of the
+        reduction reads a contiguous run of rows. 0 where a row must be reduced alone (several
+        passes, a copy of the row, outputs of X's shape that need the row's statistics)."""
+        spec = stage.spec
+        if (len(passes) != 1 or stage.xrow or spec.rows < COLUMN_MIN_ROWS or max(spec.axes) > min(spec.row_dims)
+                or any(spec.node.name in self.reductions_behind(t) for t, _ in stage.full)):
+            return 0
+        block = spec.rows // 8 // 16 * 16  # eight blocks or more for the threads to share
+        return max(16, min(COLUMN_BLOCK, block))
 
     def _per_thread_row(self, stage: _Stage, length: int) -> bool:
         if stage.xrow:  # reduction_stage.c.j2: each thread's copy of the row it reduces
