@@ -180,6 +180,28 @@ def test_chain_reuses_two_buffers_and_views_alias() -> None:
     assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
 
 
+def test_a_view_returned_as_an_output_is_computed_in_the_output_array() -> None:
+    """A forward graph of training returns reshaped activations: the activation is computed
+    straight into the output's array (no copy), still read from there by the next kernels. A second
+    output viewing the same tensor, and a view of a graph input, are copied."""
+    b = GraphBuilder("saved")
+    x = b.input("x", (16, 24))
+    h = b.op("Tanh", b.op("Relu", x))
+    v = b.op("Reshape", h, b.const(np.array([384], np.int64)))
+    w = b.op("Reshape", h, b.const(np.array([24, 16], np.int64)))
+    xv = b.op("Reshape", x, b.const(np.array([384], np.int64)))
+    g = b.build([v, b.op("Exp", h), w, xv])
+    plan = unfused_plan(g)
+    buffers = plan_buffers(plan, {})
+    assert buffers.placements[h].kind == "output" and buffers.placements[h].index == 0
+    copied = sorted(out for copies in buffers.view_copies.values() for _, out in copies)
+    assert copied == [2, 3]  # the second view of h, the view of the input
+    model = CompiledModel(plan, cache=CACHE)
+    feeds = {"x": np.random.default_rng(2).standard_normal((16, 24)).astype(np.float32)}
+    assert compare_outputs(run_graph(g, feeds), model.run(feeds)).ok
+    assert model.peak_bytes == g.types[h].nbytes  # only the Relu result: h lives in the output array
+
+
 @given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 20), st.integers(0, 6)), min_size=1, max_size=40))
 def test_best_fit_never_overlaps_live_blocks(specs: list[tuple[int, int, int]]) -> None:
     blocks = [Interval(f"b{i}", n, s, s + d) for i, (n, s, d) in enumerate(specs)]

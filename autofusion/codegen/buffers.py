@@ -90,6 +90,29 @@ def best_fit(blocks: list[Interval]) -> tuple[dict[str, int], int]:
     return offsets, peak
 
 
+def _outputs_adopted_by_view_bases(plan: Plan, out_index: Mapping[str, int],
+                                   placed: Mapping[str, Placement]) -> dict[str, str]:
+    """Tensors computed straight into a graph output's array, because that output is a view of
+    them (a training graph's forward returns reshaped activations for the backward): base ->
+    output. The view then costs no copy. A base adopts one output, and only when it is computed
+    by a kernel and is no graph output itself."""
+    g = plan.graph
+    root: dict[str, str] = {}
+    adopted: dict[str, str] = {}
+    for group in plan.groups:
+        if group.template != "view":
+            continue
+        for name in group.nodes:
+            node = g.node_by_name[name]
+            src = root.get(node.inputs[0], node.inputs[0])
+            for out in (o for o in node.outputs if o):
+                root[out] = src
+                if (out in out_index and src not in out_index and src not in placed and src not in adopted
+                        and src in g.producers and g.types[src].nbytes == g.types[out].nbytes):
+                    adopted[src] = out
+    return adopted
+
+
 def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[str, int] | None = None) -> BufferPlan:
     """Place every tensor of ``plan``; ``scratch`` gives each group's scratch bytes, ``thread_bytes``
     the blocks each of its threads allocates."""
@@ -110,6 +133,7 @@ def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[s
     root: dict[str, str] = {}
     start: dict[str, int] = {}
     view_copies: dict[str, list[tuple[str, int]]] = {}
+    adopted = _outputs_adopted_by_view_bases(plan, out_index, place)
     for step, group in enumerate(plan.groups):
         if group.template == "view":
             for name in group.nodes:
@@ -119,12 +143,13 @@ def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[s
                     if not out:
                         continue
                     root[out] = src
-                    if out in out_index:
+                    if out in out_index and adopted.get(src) != out:
                         view_copies.setdefault(group.name, []).append((out, out_index[out]))
             continue
         for t in group.outputs:
-            if t in out_index:
-                place[t] = Placement(t, "output", out_index[t], nbytes=g.types[t].nbytes)
+            if t in out_index or t in adopted:
+                index = out_index[t] if t in out_index else out_index[adopted[t]]
+                place[t] = Placement(t, "output", index, nbytes=g.types[t].nbytes)
             else:
                 start[t] = step
 
