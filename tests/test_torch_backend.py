@@ -467,3 +467,46 @@ def test_a_model_made_under_inference_mode_still_fuses():
         x = torch.randn(3, 8)
         torch.testing.assert_close(torch.compile(model, backend=recorder)(x), model(x), rtol=RTOL, atol=ATOL)
     assert recorder.compiled_partitions() == 1
+
+
+def test_a_model_fuses_alike_from_torch_and_from_its_onnx_export():
+    """The same transformer block through torch.compile and through its ONNX export (the exporter
+    torch ships): the same kernel count, the same kernel kinds, the same rules firing. Transposes
+    of transposes are composed at conversion, as the exporter does, so that the attention product
+    reads K in place."""
+    import io
+    from collections import Counter
+
+    from autofusion.api import optimize
+    from autofusion.bench.torch_models import transformer_encoder
+    from autofusion.frontends.onnx_import import load_onnx
+
+    torch.manual_seed(0)
+    block = transformer_encoder(d=32, heads=4, layers=1).eval().blocks
+    x = torch.randn(2, 8, 32)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(block, (x,), buffer, dynamo=False, opset_version=17)
+    from_onnx = optimize(load_onnx(buffer.getvalue()))
+    compiled = []
+
+    def recording(gm, example_inputs):
+        compiled.append(autofusion_backend(gm, example_inputs))
+        return compiled[-1]
+
+    with torch.inference_mode():
+        out = torch.compile(block, backend=recording)(x)
+    plans = [m.runner.model.plan for gm in compiled for m in gm.modules() if hasattr(m, "runner")]
+    torch.testing.assert_close(out, block(x), rtol=RTOL, atol=1e-4)
+    (from_fx,) = plans
+
+    def kinds(plan):
+        return Counter(g.template for g in plan.groups if g.template != "view")
+
+    def rules(plan):
+        return {r.name for g in plan.groups for r in g.rules}
+
+    assert from_fx.kernels == from_onnx.kernels
+    assert kinds(from_fx) == kinds(from_onnx)
+    assert rules(from_fx) == rules(from_onnx)

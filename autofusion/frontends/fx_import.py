@@ -127,7 +127,7 @@ def _permute(cv: Converter, node: Any) -> str:
     rest = node.args[1:]
     dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
     dims = dims or node.kwargs["dims"]
-    return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=[int(d) for d in dims])
+    return cv.transpose(cv.tensor(node.args[0]), [int(d) for d in dims])
 
 
 def _transpose(cv: Converter, node: Any) -> str:
@@ -135,19 +135,19 @@ def _transpose(cv: Converter, node: Any) -> str:
     perm = list(range(rank))
     d0, d1 = int(arg(node, 1, "dim0")) % rank, int(arg(node, 2, "dim1")) % rank
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=perm)
+    return cv.transpose(cv.tensor(node.args[0]), perm)
 
 
 def _t(cv: Converter, node: Any) -> str:
     rank = len(out_shape(node))
-    return cv.b.op("Transpose", cv.tensor(node.args[0]), perm=[1, 0]) if rank == 2 else cv.tensor(node.args[0])
+    return cv.transpose(cv.tensor(node.args[0]), [1, 0]) if rank == 2 else cv.tensor(node.args[0])
 
 
 def _linear(cv: Converter, node: Any) -> str:
     x, weight, bias = node.args[0], arg(node, 1, "weight"), arg(node, 2, "bias")
     w_value = cv.const_value(weight)
     w_t = cv.b.const(np.ascontiguousarray(w_value.T)) if w_value is not None else \
-        cv.b.op("Transpose", cv.tensor(weight), perm=[1, 0])  # frozen weights are transposed once, here
+        cv.transpose(cv.tensor(weight), [1, 0])  # frozen weights are transposed once, here
     y = cv.b.op("MatMul", cv.tensor(x), w_t)
     return cv.b.op("Add", y, cv.tensor(bias)) if bias is not None else y
 
@@ -302,7 +302,7 @@ def _attention(cv: Converter, node: Any) -> str:
     rank = len(shape_q)
     perm = list(range(rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
-    scores = cv.b.op("MatMul", cv.tensor(q), cv.b.op("Transpose", cv.tensor(k), perm=perm))
+    scores = cv.b.op("MatMul", cv.tensor(q), cv.transpose(cv.tensor(k), perm))
     scale = arg(node, 6, "scale")
     scale = float(scale) if scale is not None else 1.0 / float(np.sqrt(shape_q[-1]))
     scores = cv.b.op("Mul", scores, cv.b.const(np.asarray(scale, np.float32)))

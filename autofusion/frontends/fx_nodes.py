@@ -4,7 +4,7 @@ the converter state that maps FX nodes to IR tensors (torch is never imported at
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,20 @@ class Converter:
         self.env = env
         self.consts: dict[str, np.ndarray] = {}
         self.multi: dict[Any, tuple[str, ...]] = {}  # a split's node -> its parts
+        self.transposes: dict[str, tuple[str, tuple[int, ...]]] = {}  # a Transpose's output -> (input, perm)
+
+    def transpose(self, x: str, perm: Sequence[int]) -> str:
+        """``x`` transposed by ``perm``; a transpose of a transpose is one Transpose of the first one's
+        input (as exporters write it), so that a matrix product can read it in place."""
+        perm = tuple(int(p) for p in perm)
+        if x in self.transposes:
+            x, inner = self.transposes[x]
+            perm = tuple(inner[p] for p in perm)
+        if perm == tuple(range(len(perm))):
+            return x
+        out = self.b.op("Transpose", x, perm=list(perm))
+        self.transposes[out] = (x, perm)
+        return out
 
     def tensor(self, arg: Any) -> str:
         """The IR tensor for an FX argument: a converted node, or a Python scalar as a constant."""
