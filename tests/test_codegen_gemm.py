@@ -381,3 +381,13 @@ def test_products_of_two_activations_pack_b_per_call(m: int, n: int, k: int, lay
     rows = m if layout in ("kt", "v") else 3 * m  # a B without a batch of its own: the batch folds into M
     small = rows <= 8 and layout != "kt"
     assert ("af_pack_panels(" in code) == (not small) and ("af_sgemm(" in code) == small
+
+
+def test_several_products_packed_per_call_in_one_kernel() -> None:
+    """A horizontal GEMM whose products each pack their own B per call (3-D weights are not packed
+    at build time): each product keeps its own record of the panels it holds."""
+    b = GraphBuilder("three")
+    x = b.input("x", (2, 16, 32))
+    outs = [b.op("MatMul", x, b.const(f32(2, 32, 24))) for _ in range(3)]
+    code = check(b.build(outs), {"x": f32(2, 16, 32)}, template="horizontal_gemm")
+    assert code.count("af_pack_panels(") == 3 and "packed_key2" in code

@@ -99,7 +99,7 @@ class _Segment:
     weight_label: str = ""
     merged: bool = False  # the columns of several cores' products (horizontal GEMM)
     unpacked: np.ndarray | None = None  # merged constant weights concatenated, for sgemm (not packed)
-    repack: bool = False  # B computed at run time, packed per tile into this thread's panels
+    repack: bool = False  # B computed at run time, packed into this thread's panels per (batch, column block)
 
     @property
     def rows(self) -> int:

@@ -87,9 +87,9 @@ def _one_core(facts: GroupFacts, core: str) -> Acceptance:
 
 
 def _strided_operand(facts: GroupFacts, name: str) -> bool:
-    """A Transpose (of Transposes) of a tensor the group reads from memory: a matrix product reads
-    it in place through strides (codegen/views.py), so it costs no pass of its own."""
-    return facts.node(name).op == "Transpose" and all(_strided_operand(facts, p) for p in facts.inside_producers(name))
+    """A Transpose of a tensor the group reads from memory: a matrix product reads it in place
+    through strides (codegen/views.py), so it costs no pass of its own."""
+    return facts.node(name).op == "Transpose" and not facts.fed_from_inside(name)
 
 
 def _gemm_epilogue(facts: GroupFacts) -> Acceptance:
