@@ -35,8 +35,8 @@ import numpy as np
 
 from autofusion.frontends.fx_import import (
     FxConversionError,
+    convert_fx,
     example_value,
-    fx_to_graph,
     hidden_updates,
     is_convertible,
     target_key,
@@ -101,7 +101,7 @@ class AutofusionSubmodule:
             _LOG.info("autofusion: a frozen parameter changed since the compile; compiling its partition again")
             try:
                 fresh = self.rebuild(args)
-            except (FxConversionError, ValueError, KeyError, TypeError, RuntimeError, OSError) as e:
+            except (FxConversionError, ValueError, KeyError, IndexError, TypeError, ArithmeticError, RuntimeError, OSError) as e:
                 why = f"compiling it again failed ({type(e).__name__}: {e})"
             else:
                 self.model, self.state = fresh.model, fresh.state
@@ -173,13 +173,13 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
             frozen.append(False)
     if current is not None:
         values = [current[i] if f else v for i, (v, f) in enumerate(zip(values, frozen))]
-    graph = fx_to_graph(sub_gm, values, frozen, name=name)
+    graph, results = convert_fx(sub_gm, values, frozen, name=name)
     placeholders = [n.name for n in sub_gm.graph.nodes if n.op == "placeholder"]
     runtime = [(f"t_{p}", i) for i, p in enumerate(placeholders) if not frozen[i]]
     out_node = next(n for n in sub_gm.graph.nodes if n.op == "output")
     model = CompiledModel(optimize(graph))
     state_positions = [i for i, f in enumerate(frozen) if f]
-    return AutofusionSubmodule(model, [r[0] for r in runtime], [r[1] for r in runtime], graph.outputs,
+    return AutofusionSubmodule(model, [r[0] for r in runtime], [r[1] for r in runtime], results,
                                single_output=not isinstance(out_node.args[0], (tuple, list)),
                                state_positions=state_positions,
                                state=state_signature(values[i] for i in state_positions),
@@ -208,6 +208,10 @@ def _training_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
     ``aot_autograd``, each partitioned and compiled; autograd runs the backward one."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
+
+    _log("autofusion: the graph needs gradients: its forward and backward passes are compiled with the "
+         "parameters as inputs (for inference, call under torch.no_grad() or torch.inference_mode(): the "
+         "weights are then frozen and packed once)")
 
     def compiler(label: str) -> Callable[[Any, Sequence[Any]], Any]:
         return lambda graph, inputs: make_boxed_func(compile_graph(graph, inputs, label=label))
@@ -246,7 +250,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
         sub_gm = _attr(fused, node.target)
         try:
             runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target))
-        except (FxConversionError, ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
+        except (FxConversionError, ValueError, KeyError, IndexError, TypeError, ArithmeticError, RuntimeError, OSError) as exc:
             warnings.warn(f"autofusion: partition {node.target} runs eagerly ({type(exc).__name__}: {exc})",
                           AutofusionFallbackWarning, stacklevel=2)
             continue  # this part stays eager: the fused submodule runs its original torch ops

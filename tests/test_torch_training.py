@@ -92,6 +92,21 @@ def _layer_norm_backward(normalized: list[int]) -> Callable[..., Any]:
     return backward
 
 
+def test_batch_norm_in_training_and_its_backward() -> None:
+    """Batch statistics, the running statistics' update (unbiased variance, momentum) and the
+    three gradients, against torch, for 4-D and 3-D inputs."""
+    for shape in ((4, 3, 5, 5), (6, 4, 7)):
+        c = shape[1]
+        x, dy, w, b = rand(*shape), rand(*shape), rand(c), rand(c)
+        rm, rv = rand(c), torch.rand(c, generator=GEN) + 0.5
+        check_aten(lambda x, w, b, rm, rv: aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5),
+                   x, w, b, rm, rv, rtol=1e-4, atol=1e-5)
+        _, mean, rstd, _, _ = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+        check_aten(lambda dy, x, w, rm, rv, mean, rstd: aten.native_batch_norm_backward(
+            dy, x, w, rm, rv, mean, rstd, True, 1e-5, [True, True, True]), dy, x, w, rm, rv, mean, rstd,
+            rtol=1e-4, atol=1e-4)
+
+
 def test_pointwise_backwards() -> None:
     dy, x = rand(5, 33), rand(5, 33)
     check_aten(lambda dy, x: aten.gelu_backward(dy, x), dy, x)
@@ -144,8 +159,9 @@ def test_unsupported_backward_forms_stay_eager() -> None:
 def test_training_steps_match_eager(name: str, caplog: Any) -> None:
     """20 SGD steps with backend="autofusion" against eager: every step's loss and the parameters
     after the last within 1e-4 relative. The encoder's forward and backward graphs each compile
-    whole, as one partition; the CNN's convolution and batch-norm backward stay eager, the rest
-    (its ReLU backwards, the linear layer's and the loss's gradients) is compiled."""
+    whole, as one partition; the CNN's convolution backward stays eager, the rest
+    (its batch norm in training mode and its backward, the ReLU backwards, the linear layer's and
+    the loss's gradients) is compiled."""
     torch.manual_seed(0)
     model = transformer_encoder(d=32, heads=4, outputs=4) if name == "encoder" else small_cnn(width=8)
     data = (torch.randn(2, 8, 32), torch.randn(2, 8, 4)) if name == "encoder" else (
@@ -159,10 +175,25 @@ def test_training_steps_match_eager(name: str, caplog: Any) -> None:
     for (pname, p), q in zip(ours.named_parameters(), eager_model.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-6, err_msg=pname)
     lines = [r.getMessage() for r in caplog.records]
-    forward = next(line for line in lines if "forward graph" in line)
-    backward = next(line for line in lines if "backward graph" in line)
+    forward = next(line for line in lines if "forward graph:" in line)
+    backward = next(line for line in lines if "backward graph:" in line)
     if name == "encoder":
         assert "in 1 partition(s); left to eager: none" in forward, forward
         assert "in 1 partition(s); left to eager: none" in backward, backward
     else:
+        # one partition; only the batch norm's int64 step counter (num_batches_tracked + 1) stays eager
+        assert "in 1 partition(s); left to eager: add (output not a static float32 tensor) x1" in forward, forward
         assert "convolution_backward (op not supported)" in backward and "threshold_backward" not in backward
+        assert "batch_norm" not in backward, backward
+
+
+def test_threshold_backward_passes_the_gradient_of_a_nan() -> None:
+    """torch zeroes the gradient where x <= threshold: a NaN input passes it (NaN <= 0 is false)."""
+    dy = torch.ones(6)
+    x = torch.tensor([float("nan"), -1.0, 0.0, 2.0, 0.5, -0.0])
+    check_aten(lambda dy, x: aten.threshold_backward(dy, x, 0.0), dy, x)
+
+
+def test_zero_dimensional_reductions_stay_eager() -> None:
+    gm = aten_graph(lambda x: aten.sum.dim_IntList(x, [0]) + 1.0, torch.tensor(2.0))
+    assert not any(is_convertible(n) for n in gm.graph.nodes if "sum" in str(n.target))

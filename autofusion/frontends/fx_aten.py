@@ -51,7 +51,8 @@ def _reduce(op: str) -> Handler:
 
 
 def _reduce_ok(node: Any) -> bool:
-    return node.kwargs.get("dtype") is None and len(node.args) <= 3 and not isinstance(arg(node, 2, "keepdim"), str)
+    """No dtype, and a tensor with dimensions to reduce (a 0-d sum is left to torch)."""
+    return node.kwargs.get("dtype") is None and len(node.args) <= 3 and len(shape_of(node.args[0])) > 0
 
 
 def _expand(cv: Converter, node: Any) -> str:
@@ -110,11 +111,12 @@ def _native_layer_norm_backward(cv: Converter, node: Any) -> str:
     mean_g = cv.b.op("ReduceMean", g, _axes(cv, axes), keepdims=1)
     mean_gx = cv.b.op("ReduceMean", cv.b.op("Mul", g, xhat), _axes(cv, axes), keepdims=1)
     dx = cv.b.op("Mul", rstd, cv.b.op("Sub", cv.b.op("Sub", g, mean_g), cv.b.op("Mul", xhat, mean_gx)))
-    lead = _axes(cv, list(range(axes[0])))
-    dweight = cv.b.op("ReduceSum", cv.b.op("Mul", dy, xhat), lead, keepdims=0)
-    dbias = cv.b.op("ReduceSum", dy, lead, keepdims=0)
     if axes[0] == 0:  # nothing to sum over: the gradients are the products themselves
         dweight, dbias = cv.b.op("Mul", dy, xhat), dy
+    else:
+        lead = _axes(cv, list(range(axes[0])))
+        dweight = cv.b.op("ReduceSum", cv.b.op("Mul", dy, xhat), lead, keepdims=0)
+        dbias = cv.b.op("ReduceSum", dy, lead, keepdims=0)
     cv.multi[node] = (dx, dweight, dbias)
     return dx
 
@@ -123,6 +125,73 @@ def _native_layer_norm_backward_ok(node: Any) -> bool:
     mask = node.args[7] if len(node.args) > 7 else None
     return (len(node.args) == 8 and all(isinstance(d, int) for d in node.args[2]) and list(mask or []) == [True] * 3
             and node.args[5] is not None and node.args[6] is not None)
+
+
+def _per_channel(cv: Converter, v: str, rank: int) -> str:
+    """A [C] tensor shaped to broadcast over N x C x ... (axis 1)."""
+    return cv.b.op("Reshape", v, cv.b.const(np.asarray([1, -1] + [1] * (rank - 2), np.int64)))
+
+
+def _batch_norm_training(cv: Converter, node: Any) -> str:
+    """``_native_batch_norm_legit_functional(x, w, b, running_mean, running_var, True, momentum, eps)``:
+    (y, mean, rstd, new running mean, new running var) over the batch statistics; the running
+    variance takes the unbiased variance, as torch's does."""
+    x_arg, weight, bias, r_mean, r_var = node.args[:5]
+    momentum, eps = float(node.args[6]), float(node.args[7])
+    shape = shape_of(x_arg)
+    rank, axes = len(shape), [0] + list(range(2, len(shape)))
+    count = math.prod(shape) // shape[1]
+    x = cv.tensor(x_arg)
+    mean = cv.b.op("ReduceMean", x, _axes(cv, axes), keepdims=1)
+    centred = cv.b.op("Sub", x, mean)
+    var = cv.b.op("ReduceMean", cv.b.op("Mul", centred, centred), _axes(cv, axes), keepdims=1)
+    rstd = cv.b.op("Reciprocal", cv.b.op("Sqrt", cv.b.op("Add", var, _scalar(cv, eps))))
+    y = cv.b.op("Mul", centred, rstd)
+    if weight is not None:
+        y = cv.b.op("Mul", y, _per_channel(cv, cv.tensor(weight), rank))
+    if bias is not None:
+        y = cv.b.op("Add", y, _per_channel(cv, cv.tensor(bias), rank))
+    flat = cv.b.const(np.asarray([shape[1]], np.int64))
+    mean_c, var_c, rstd_c = (cv.b.op("Reshape", t, flat) for t in (mean, var, rstd))
+    keep = _scalar(cv, 1.0 - momentum)
+    new_mean = cv.b.op("Add", cv.b.op("Mul", cv.tensor(r_mean), keep), cv.b.op("Mul", mean_c, _scalar(cv, momentum)))
+    unbiased = momentum * count / max(count - 1, 1)
+    new_var = cv.b.op("Add", cv.b.op("Mul", cv.tensor(r_var), keep), cv.b.op("Mul", var_c, _scalar(cv, unbiased)))
+    cv.multi[node] = (y, mean_c, rstd_c, new_mean, new_var)
+    return y
+
+
+def _batch_norm_training_ok(node: Any) -> bool:
+    return (len(node.args) == 8 and node.args[5] is True and node.args[3] is not None and node.args[4] is not None
+            and len(shape_of(node.args[0])) >= 3 and math.prod(shape_of(node.args[0])) > shape_of(node.args[0])[1])
+
+
+def _batch_norm_backward(cv: Converter, node: Any) -> str:
+    """(dx, dweight, dbias) of training batch norm: with xhat = (x - mean) * rstd per channel,
+    dbias = sum(dy), dweight = sum(dy * xhat) over N and the spatial axes, and
+    dx = w * rstd * (dy - dbias / M - xhat * dweight / M), M the elements per channel."""
+    dy_arg, x_arg, weight = node.args[0], node.args[1], node.args[2]
+    shape = shape_of(x_arg)
+    rank, axes = len(shape), [0] + list(range(2, len(shape)))
+    count = math.prod(shape) // shape[1]
+    dy, x = cv.tensor(dy_arg), cv.tensor(x_arg)
+    mean, rstd = (_per_channel(cv, cv.tensor(node.args[i]), rank) for i in (5, 6))
+    xhat = cv.b.op("Mul", cv.b.op("Sub", x, mean), rstd)
+    dbias = cv.b.op("ReduceSum", dy, _axes(cv, axes), keepdims=0)
+    dweight = cv.b.op("ReduceSum", cv.b.op("Mul", dy, xhat), _axes(cv, axes), keepdims=0)
+    inv = _scalar(cv, 1.0 / count)
+    centred = cv.b.op("Sub", cv.b.op("Sub", dy, cv.b.op("Mul", _per_channel(cv, dbias, rank), inv)),
+                      cv.b.op("Mul", xhat, cv.b.op("Mul", _per_channel(cv, dweight, rank), inv)))
+    scale = cv.b.op("Mul", rstd, _per_channel(cv, cv.tensor(weight), rank)) if weight is not None else rstd
+    dx = cv.b.op("Mul", centred, scale)
+    cv.multi[node] = (dx, dweight, dbias)
+    return dx
+
+
+def _batch_norm_backward_ok(node: Any) -> bool:
+    return (len(node.args) == 10 and node.args[7] is True and list(node.args[9]) == [True] * 3
+            and node.args[2] is not None and node.args[5] is not None and node.args[6] is not None
+            and len(shape_of(node.args[1])) >= 3)
 
 
 def _gelu_backward(cv: Converter, node: Any) -> str:
@@ -148,10 +217,10 @@ def _softmax_backward_data(cv: Converter, node: Any) -> str:
 
 
 def _threshold_backward(cv: Converter, node: Any) -> str:
-    """dy where x > threshold, else 0 (ReLU's backward with threshold 0)."""
+    """0 where x <= threshold, else dy (ReLU's backward with threshold 0; a NaN x passes dy, as in torch)."""
     dy, x = cv.tensor(node.args[0]), cv.tensor(node.args[1])
-    above = cv.b.op("Greater", x, _scalar(cv, float(node.args[2])))
-    return cv.b.op("Where", above, dy, _scalar(cv, 0.0))
+    below = cv.b.op("LessOrEqual", x, _scalar(cv, float(node.args[2])))
+    return cv.b.op("Where", below, _scalar(cv, 0.0), dy)
 
 
 def _tanh_backward(cv: Converter, node: Any) -> str:
@@ -198,24 +267,30 @@ HANDLERS: Mapping[str, Handler] = {
     "tanh_backward": _tanh_backward,
     "sigmoid_backward": _sigmoid_backward,
     "convolution": _convolution,
+    "_native_batch_norm_legit_functional": _batch_norm_training,
+    "native_batch_norm_backward": _batch_norm_backward,
 }
 
 ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "expand": lambda node: len(node.args) == 2 and not node.kwargs.get("implicit", False),
     "clone": lambda node: len(node.args) == 1,
     "detach": lambda node: len(node.args) == 1 and not node.kwargs,
-    "_softmax": lambda node: len(node.args) == 3 and not node.args[2],
+    "_softmax": lambda node: len(node.args) == 3 and not node.args[2] and len(shape_of(node.args[0])) > 0,
     "sum": _reduce_ok,
     "mean": _reduce_ok,
     "native_layer_norm": _native_layer_norm_ok,
     "native_layer_norm_backward": _native_layer_norm_backward_ok,
     "gelu_backward": _gelu_backward_ok,
-    "_softmax_backward_data": lambda node: len(node.args) == 4,
+    "_softmax_backward_data": lambda node: len(node.args) == 4 and len(shape_of(node.args[1])) > 0,
     "threshold_backward": lambda node: len(node.args) == 3 and _numeric(node.args[2]),
     "convolution": _convolution_ok,
+    "_native_batch_norm_legit_functional": _batch_norm_training_ok,
+    "native_batch_norm_backward": _batch_norm_backward_ok,
 }
 
-MULTI_OUTPUT = frozenset({"native_layer_norm", "native_layer_norm_backward"})  # tuples read by getitem
+MULTI_OUTPUT = frozenset({"native_layer_norm", "native_layer_norm_backward", "_native_batch_norm_legit_functional",
+                          "native_batch_norm_backward"})  # tuples read by getitem
 # ops whose result is storage of its own (an in-place update of it is private)
 FRESH_STORAGE = frozenset({"sum", "mean", "_softmax", "native_layer_norm", "gelu_backward", "_softmax_backward_data",
-                           "threshold_backward", "tanh_backward", "sigmoid_backward", "convolution", "clone"})
+                           "threshold_backward", "tanh_backward", "sigmoid_backward", "convolution", "clone",
+                           "_native_batch_norm_legit_functional", "native_batch_norm_backward"})

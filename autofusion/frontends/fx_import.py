@@ -439,6 +439,13 @@ def fx_to_graph(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[boo
     placeholders marked in ``frozen`` become constants holding that tensor's (real) value, the
     others become graph inputs named after the placeholder. Raises FxConversionError.
     """
+    return convert_fx(gm, placeholder_values, frozen, name)[0]
+
+
+def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool], name: str = "torch_fx"
+               ) -> tuple[Graph, tuple[str, ...]]:
+    """:func:`fx_to_graph`'s graph, and the IR tensor of each of ``gm``'s results in order: a tensor
+    ``gm`` returns twice is one graph output, returned twice (as eager returns one tensor twice)."""
     builder = GraphBuilder(name)
     env: dict[Any, str] = {}
     cv = Converter(builder, env)
@@ -474,9 +481,10 @@ def fx_to_graph(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[boo
                 raise FxConversionError(f"node {node.name}: IR shape {got} differs from torch's {expected}")
         else:
             raise FxConversionError(f"FX node kind {node.op!r} is not supported")
-    if len(set(outputs)) != len(outputs) or any(o in input_names or o in cv.consts for o in outputs):
-        outputs = [builder.op("Identity", o) for o in outputs]  # every graph output gets its own buffer
-    return builder.build(outputs)
+    # an input or a constant returned gets a buffer of its own
+    own = {o: builder.op("Identity", o) for o in dict.fromkeys(outputs) if o in input_names or o in cv.consts}
+    results = tuple(own.get(o, o) for o in outputs)
+    return builder.build(list(dict.fromkeys(results))), results
 
 
 def _ir_name(name: str) -> str:
