@@ -169,3 +169,17 @@ def test_rows_side_by_side_also_write_the_prologue_when_it_is_an_output() -> Non
     g = b.build([h, b.op("ReduceSum", h, b.const(np.asarray([0, 1], np.int64)), keepdims=0)])
     code = check(g, {"x": f32(8, 20, 48), "y": f32(8, 20, 48)})
     assert "side by side" in code and code.count("stage 0") == 1
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMean"])
+@pytest.mark.parametrize("axes", [(0, 2, 3), (1, 3), (2, 3)])
+def test_several_reduced_axes_loop_one_axis_each(op: str, axes: tuple[int, ...]) -> None:
+    """A row spread over several axes (a training batch norm's statistics over N, H and W) is
+    walked with one loop per axis, no division per element; with a prologue that is also an
+    output of X's shape."""
+    b = GraphBuilder("nest")
+    x, y = b.input("x", (4, 5, 6, 7)), b.input("y", (4, 5, 6, 7))
+    h = b.op("Mul", x, y)
+    g = b.build([h, b.op(op, h, b.const(np.asarray(axes, np.int64)), keepdims=1)])
+    code = check(g, {"x": f32(4, 5, 6, 7), "y": f32(4, 5, 6, 7)})
+    assert "j / " not in code and "j % " not in code, code

@@ -362,6 +362,10 @@ class LoopNest:
             prefix=stage.prefix,
             row_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.row_dims, row_exprs) if d in row_dims],
             inner_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.axes, inner_exprs) if d in inner_dims],
+            # several reduced axes: one loop each, so that no element pays a division to find its index
+            nest=[(f"i{d}", spec.x_shape[d]) for d in inner_dims] if len(inner_dims) > 1 else [],
+            nest_j=ix.linear(tuple(f"i{d}" if d in inner_dims else "0" for d in spec.axes),
+                             tuple(spec.x_shape[d] for d in spec.axes)),
             passes=passes,
             reduced=reduced.lines,
             full=full.lines,
