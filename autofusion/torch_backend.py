@@ -37,8 +37,12 @@ from autofusion.frontends.fx_import import (
     FxConversionError,
     convert_fx,
     example_value,
+    foldable,
+    folded_value,
     hidden_updates,
     is_convertible,
+    is_module_state,
+    real_value,
     target_key,
     why_not_convertible,
 )
@@ -115,11 +119,14 @@ class AutofusionSubmodule:
 
 
 def _as_array(tensor: Any) -> np.ndarray:
-    """A float32 tensor's own memory as an array (a copy only when it is not contiguous; a 0-d
-    tensor, such as a scalar loss's gradient, stays 0-d)."""
+    """A tensor's own memory as an array (a copy only when it is not contiguous or not float32,
+    int64 or bool; a 0-d tensor, such as a scalar loss's gradient, stays 0-d)."""
     import torch
 
-    array = tensor.detach().cpu().to(torch.float32).numpy()
+    tensor = tensor.detach().cpu()
+    if tensor.dtype not in (torch.float32, torch.int64, torch.bool):
+        tensor = tensor.to(torch.float32)
+    array = tensor.numpy()
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
@@ -127,28 +134,6 @@ def state_signature(tensors: Iterable[Any]) -> tuple[tuple[int, int], ...]:
     """What identifies the values of frozen tensors: storage and version counter (bumped by every
     in-place update; an inference-mode tensor has none, and is identified by its storage)."""
     return tuple((int(t.data_ptr()), -1 if t.is_inference() else int(t._version)) for t in tensors)
-
-
-def _is_state(node: Any, value: Any) -> bool:
-    """Whether a placeholder carries module state (a parameter or buffer) that may be frozen."""
-    import torch
-
-    if isinstance(value, torch.nn.Parameter):
-        return True
-    grapharg = node.meta.get("grapharg")
-    source = getattr(getattr(grapharg, "source", None), "name", "")
-    source = source() if callable(source) else str(source)
-    return "._parameters[" in source or "._buffers[" in source
-
-
-def _real_value(node: Any, value: Any) -> Any:
-    """The real tensor behind a (possibly fake) example value, or None when only a fake one exists."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if not isinstance(value, FakeTensor):
-        return value
-    example = getattr(node.meta.get("grapharg"), "example", None)
-    return None if example is None or isinstance(example, FakeTensor) else example
 
 
 def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
@@ -164,10 +149,13 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
         if arg.op == "get_attr":
             values.append(_attr(parent, arg.target))
             frozen.append(True)
-        elif arg.op == "placeholder" and _is_state(arg, example_value(arg)):
-            real = _real_value(arg, arg.meta.get("_autofusion_real"))
+        elif arg.op == "placeholder" and is_module_state(arg):
+            real = real_value(arg)
             values.append(real if real is not None else example_value(arg))
             frozen.append(real is not None)
+        elif foldable(arg):  # computed from frozen state outside the partition (a buffer's slice)
+            values.append(folded_value(arg))
+            frozen.append(True)
         else:
             values.append(example_value(arg))
             frozen.append(False)

@@ -510,3 +510,68 @@ def test_a_model_fuses_alike_from_torch_and_from_its_onnx_export():
     assert from_fx.kernels == from_onnx.kernels
     assert kinds(from_fx) == kinds(from_onnx)
     assert rules(from_fx) == rules(from_onnx)
+
+
+class Embedder(nn.Module):
+    """Token and position embeddings as transformers write them: int64 ids, a position buffer sliced
+    to the sequence, a token-type buffer expanded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.positions, self.types = nn.Embedding(50, 16), nn.Embedding(32, 16), nn.Embedding(2, 16)
+        self.register_buffer("position_ids", torch.arange(32).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros((1, 32), dtype=torch.long), persistent=False)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, ids):
+        seq = ids.shape[1]
+        types = self.token_type_ids[:, :seq].expand(ids.shape[0], seq)
+        h = self.tokens(ids) + self.types(types) + self.positions(self.position_ids[:, :seq])
+        h = self.norm(h)
+        return h[:, 0], h[..., 1:5], h[None, :, 2], h[:, 1:-1:2]
+
+
+def test_embeddings_from_int64_ids_and_buffers_compile_as_one_partition(caplog):
+    """The ids pass as int64; what the model computes from its buffers alone (position ids, token
+    types and their embeddings) is folded into constants once; indexing by slices, ints, None and
+    ``...`` converts. Updating a buffer in place recompiles with its new values."""
+    torch.manual_seed(0)
+    model = Embedder().eval()
+    ids = torch.randint(0, 50, (3, 9))
+    recorder = Recorder()
+    with caplog.at_level("INFO", logger="autofusion.torch"):
+        outs = _check(model, ids, backend=recorder)
+    assert recorder.compiled_partitions() == 1
+    assert any("left to eager: none" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    fast = torch.compile(model, backend="autofusion")
+    with torch.no_grad():
+        fast(ids)
+        model.position_ids.copy_(torch.arange(31, -1, -1).expand((1, -1)))  # an in-place update of a buffer
+        for got, want in zip(fast(ids), model(ids)):
+            torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    assert len(outs) == 4
+
+
+def test_random_ops_on_buffers_are_never_folded():
+    from autofusion.frontends.fx_import import foldable
+
+    class Noisy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.ones(4))
+
+        def forward(self, x):
+            return x * torch.rand_like(self.scale) + x * self.scale.exp()
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        for node, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], example_inputs):
+            node.meta["_autofusion_real"] = value
+        seen.extend((str(n.target), foldable(n)) for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(Noisy(), backend=backend)(torch.ones(4))
+    assert [ok for target, ok in seen if "rand_like" in target] == [False], seen
+    assert [ok for target, ok in seen if target == "exp"] == [True], seen

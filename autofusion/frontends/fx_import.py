@@ -23,10 +23,13 @@ from autofusion.frontends.fx_nodes import (
     Handler,
     arg,
     example_value,
+    is_module_state,
     out_shape,
+    real_value,
     shape_of,
     static_float_tensor,
     static_float_tensors,
+    static_tensor,
     target_key,
 )
 from autofusion.graph.graph import Graph
@@ -36,11 +39,43 @@ from autofusion.ir.builder import GraphBuilder
 
 def is_convertible(node: Any) -> bool:
     """Whether ``node`` is a torch op this converter handles with a static float32 output (a tuple
-    of them for a split)."""
+    of them for a split), or one computed from frozen module state alone (:func:`foldable`)."""
     key = target_key(node)
     value = example_value(node)
     produced = static_float_tensors(value) if key in MULTI_OUTPUT else static_float_tensor(value)
-    return key in HANDLERS and produced and _tensor_args_ok(node) and _args_ok(node)
+    return (key in HANDLERS and produced and _tensor_args_ok(node) and _args_ok(node)) or foldable(node)
+
+
+FOLD_MAX_ELEMENTS = 1 << 22  # larger results of frozen state stay eager rather than become constants
+NOT_FOLDABLE = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "poisson", "empty")
+
+
+def foldable(node: Any) -> bool:
+    """Whether ``node`` computes a tensor from the module's frozen state alone (a BERT's position
+    ids sliced from a buffer, its token-type embeddings): the converter computes it once, in torch,
+    as a constant of the compiled graph. Deterministic ops only, with a static float32, int64 or bool
+    result of at most FOLD_MAX_ELEMENTS."""
+    import torch.fx
+
+    if node.op not in ("call_function", "call_method") or mutates(node):
+        return False
+    cached = node.meta.get("_autofusion_foldable")
+    if cached is not None:
+        return bool(cached)
+    key = str(target_key(node) or getattr(node.target, "__name__", node.target))
+    value = example_value(node)
+    found: list[Any] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    ok = (not any(word in key for word in NOT_FOLDABLE) and static_tensor(value)
+          and value.numel() <= FOLD_MAX_ELEMENTS and all(_frozen_source(a) for a in found))
+    node.meta["_autofusion_foldable"] = ok
+    return ok
+
+
+def _frozen_source(node: Any) -> bool:
+    if node.op == "placeholder":
+        return is_module_state(node) and real_value(node) is not None
+    return node.op == "get_attr" or foldable(node)
 
 
 INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem)
@@ -72,6 +107,8 @@ def hidden_updates(graph: Any) -> list[Any]:
 
 def why_not_convertible(node: Any) -> str:
     """Why :func:`is_convertible` says no for ``node``, in a few words ("" when it says yes)."""
+    if foldable(node):
+        return ""
     key = target_key(node)
     if key not in HANDLERS:
         return "op not supported"
@@ -92,10 +129,33 @@ def _tensor_args_ok(node: Any) -> bool:
 
     found: list[Any] = []
     torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    if target_key(node) == "embedding":  # int64 ids into a float32 table
+        return (len(found) == 2 and found[0] is node.args[0] and _int64_tensor(example_value(found[0]))
+                and static_float_tensor(example_value(found[1])))
     if target_key(node) == "getitem":
-        return len(found) == 1 and target_key(found[0]) in MULTI_OUTPUT and static_float_tensors(
-            example_value(found[0]))
+        if len(found) != 1:
+            return False
+        if target_key(found[0]) in MULTI_OUTPUT:
+            return static_float_tensors(example_value(found[0]))
+        return static_float_tensor(example_value(found[0]))  # a tensor indexed by slices and ints
     return all(static_float_tensor(example_value(a)) for a in found)
+
+
+def _int64_tensor(value: Any) -> bool:
+    import torch
+
+    return static_tensor(value) and value.dtype == torch.int64
+
+
+def _embedding(cv: Converter, node: Any) -> str:
+    """``embedding(ids, table)``: the rows of ``table`` at ``ids`` (padding_idx only matters to the
+    gradient)."""
+    return cv.b.op("Gather", cv.tensor(arg(node, 1, "weight")), cv.tensor(node.args[0]), axis=0)
+
+
+def _embedding_ok(node: Any) -> bool:
+    max_norm = arg(node, 3, "max_norm")
+    return max_norm is None and len(shape_of(arg(node, 1, "weight"))) == 2
 
 
 def _args_ok(node: Any) -> bool:
@@ -287,11 +347,46 @@ def _split(cv: Converter, node: Any) -> str:
 
 
 def _getitem(cv: Converter, node: Any) -> str:
-    return cv.parts(node.args[0])[int(node.args[1])]
+    """One tensor of a split's tuple, or a tensor indexed by slices, ints, None and ``...``."""
+    source, index = node.args
+    if source in cv.multi:
+        return cv.parts(source)[int(index)]
+    shape = shape_of(source)
+    items = list(index) if isinstance(index, tuple) else [index]
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        named = sum(1 for i in items if i is not None and i is not Ellipsis)
+        items[at:at + 1] = [slice(None)] * (len(shape) - named)
+    cuts: list[tuple[int, int, int, int]] = []  # (start, end, axis, step) per sliced axis
+    axis = 0
+    for item in items:
+        if item is None:
+            continue
+        if isinstance(item, int):
+            start = item % shape[axis]
+            cuts.append((start, start + 1, axis, 1))
+        elif item != slice(None):
+            start, stop, step = item.indices(shape[axis])
+            cuts.append((start, stop, axis, step))
+        axis += 1
+    x = cv.tensor(source)
+    if cuts:
+        consts = (cv.b.const(np.asarray(column, np.int64)) for column in zip(*cuts))
+        x = cv.b.op("Slice", x, *consts)
+    return cv.b.op("Reshape", x, cv.b.const(np.asarray(out_shape(node), np.int64)))
 
 
 def _getitem_ok(node: Any) -> bool:
-    return len(node.args) == 2 and isinstance(node.args[1], int)
+    if len(node.args) != 2:
+        return False
+    index = node.args[1]
+    if isinstance(index, int):
+        return True
+    items = index if isinstance(index, tuple) else (index,)
+    basic = all(i is None or i is Ellipsis or isinstance(i, int) or (
+        isinstance(i, slice) and all(v is None or isinstance(v, int) for v in (i.start, i.stop, i.step))
+        and (i.step or 1) > 0) for i in items)
+    return basic and sum(1 for i in items if i is Ellipsis) <= 1 and not isinstance(index, bool)
 
 
 def _attention(cv: Converter, node: Any) -> str:
@@ -358,6 +453,7 @@ def _inplace_ok(node: Any) -> bool:
 
 HANDLERS: Mapping[str, Handler] = {
     "linear": _linear,
+    "embedding": _embedding,
     "conv2d": _conv2d,
     "relu": _unary("Relu"),
     "relu_": _unary("Relu"),  # only where no one sees the update (ARG_CHECKS)
@@ -401,6 +497,7 @@ HANDLERS: Mapping[str, Handler] = {
 
 ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "conv2d": _conv2d_ok,
+    "embedding": _embedding_ok,
     "batch_norm": _batch_norm_ok,
     "max_pool2d": _max_pool2d_ok,
     "adaptive_avg_pool2d": _adaptive_avg_pool_ok,
@@ -425,7 +522,7 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
 }
 MULTI_OUTPUT = frozenset({"split"}) | fx_aten.MULTI_OUTPUT  # ops whose value is a tuple of tensors
 # ops whose result is storage of its own, never a view of an input (an in-place update of it is private)
-FRESH_STORAGE = frozenset({"linear", "conv2d", "batch_norm", "layer_norm", "add", "mul", "sub", "div", "truediv",
+FRESH_STORAGE = frozenset({"linear", "embedding", "conv2d", "batch_norm", "layer_norm", "add", "mul", "sub", "div", "truediv",
                            "matmul", "bmm", "mm", "addmm", "gelu", "tanh", "sigmoid", "exp", "sqrt", "rsqrt",
                            "neg", "pow", "softmax", "max_pool2d", "adaptive_avg_pool2d", "cat",
                            "scaled_dot_product_attention"}) | fx_aten.FRESH_STORAGE
@@ -454,18 +551,25 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
         raise FxConversionError("one value and one frozen flag are needed per placeholder")
     outputs: list[str] = []
     input_names: set[str] = set()
+    torch_values: dict[Any, Any] = {}  # frozen placeholders and the nodes folded from them
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             value = placeholder_values[placeholders.index(node)]
-            if not static_float_tensor(value):
-                raise FxConversionError(f"placeholder {node.name} is not a static float32 tensor")
+            if not static_tensor(value):
+                raise FxConversionError(f"placeholder {node.name} is not a static float32, int64 or bool tensor")
             if frozen[placeholders.index(node)]:
+                torch_values[node] = value
                 array = value.detach().cpu().contiguous().numpy().copy()
                 env[node] = builder.const(array, name=_ir_name(node.name))
                 cv.consts[env[node]] = array
             else:
-                env[node] = builder.input(_ir_name(node.name), tuple(value.shape), DType.FLOAT32)
+                env[node] = builder.input(_ir_name(node.name), tuple(value.shape), DType(str(value.dtype)[6:]))
                 input_names.add(env[node])
+        elif node.op in ("call_function", "call_method") and _computable(node, torch_values):
+            torch_values[node] = _compute(node, torch_values)
+            array = torch_values[node].detach().cpu().contiguous().numpy().copy()
+            env[node] = builder.const(array)
+            cv.consts[env[node]] = array
         elif node.op == "output":
             results = node.args[0]
             results = results if isinstance(results, (tuple, list)) else (results,)
@@ -485,6 +589,53 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
     own = {o: builder.op("Identity", o) for o in dict.fromkeys(outputs) if o in input_names or o in cv.consts}
     results = tuple(own.get(o, o) for o in outputs)
     return builder.build(list(dict.fromkeys(results))), results
+
+
+def folded_value(node: Any) -> Any:
+    """The value of a :func:`foldable` node, computed by torch from the real module state it reads
+    (for a partition whose input it is: a slice of a buffer that stayed outside)."""
+    values: dict[Any, Any] = {}
+
+    def value_of(n: Any) -> Any:
+        if n not in values:
+            if n.op == "placeholder":
+                values[n] = real_value(n)
+            else:
+                import torch.fx
+
+                torch.fx.node.map_arg((n.args, n.kwargs), value_of)
+                values[n] = _compute(n, values)
+        return values[n]
+
+    return value_of(node)
+
+
+def _computable(node: Any, values: Mapping[Any, Any]) -> bool:
+    """Whether ``node`` can be folded now: :func:`foldable`'s test against this conversion's frozen values."""
+    import torch.fx
+
+    found: list[Any] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    key = str(target_key(node) or getattr(node.target, "__name__", node.target))
+    value = example_value(node)
+    return (not mutates(node) and not any(word in key for word in NOT_FOLDABLE) and static_tensor(value)
+            and value.numel() <= FOLD_MAX_ELEMENTS and all(a in values for a in found))
+
+
+def _compute(node: Any, values: Mapping[Any, Any]) -> Any:
+    """``node``'s value, computed by torch from the frozen values it reads."""
+    import torch
+    import torch.fx
+
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
+    with torch.no_grad():
+        if node.op == "call_method":
+            result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+        else:
+            result = node.target(*args, **kwargs)
+    if not static_tensor(result) or tuple(result.shape) != tuple(example_value(node).shape):
+        raise FxConversionError(f"node {node.name}: folding it gave {type(result).__name__}, not its tensor")
+    return result
 
 
 def _ir_name(name: str) -> str:

@@ -51,6 +51,39 @@ def static_float_tensor(value: Any) -> bool:
             and all(type(d) is int for d in value.shape))
 
 
+def static_tensor(value: Any) -> bool:
+    """A float32, int64 or bool tensor with a shape of plain ints: what a folded constant or a
+    graph input may be."""
+    import torch
+
+    return (isinstance(value, torch.Tensor) and value.dtype in (torch.float32, torch.int64, torch.bool)
+            and all(type(d) is int for d in value.shape))
+
+
+def is_module_state(node: Any) -> bool:
+    """Whether a placeholder carries module state (a parameter or buffer) that may be frozen."""
+    import torch
+
+    if isinstance(example_value(node), torch.nn.Parameter):
+        return True
+    grapharg = node.meta.get("grapharg")
+    source = getattr(getattr(grapharg, "source", None), "name", "")
+    source = source() if callable(source) else str(source)
+    return "._parameters[" in source or "._buffers[" in source
+
+
+def real_value(node: Any) -> Any:
+    """The real tensor behind a placeholder (``_autofusion_real``, set by the backend), or None when
+    only a fake one exists."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    value = node.meta.get("_autofusion_real")
+    if not isinstance(value, FakeTensor):
+        return value
+    example = getattr(node.meta.get("grapharg"), "example", None)
+    return None if example is None or isinstance(example, FakeTensor) else example
+
+
 def static_float_tensors(value: Any) -> bool:
     """A tuple or list of static float32 tensors (what a split returns)."""
     return isinstance(value, (tuple, list)) and bool(value) and all(static_float_tensor(v) for v in value)
