@@ -47,3 +47,18 @@ def _problems_from_threads(call: Callable[[Any], Mapping[str, Any]], feeds: Sequ
 def problems_from_threads() -> Callable[..., list[str]]:
     """``problems_from_threads(call, feeds, threads=8, calls=50)``: see :func:`_problems_from_threads`."""
     return _problems_from_threads
+
+
+@pytest.fixture()
+def fresh_dynamo() -> Any:
+    """TorchDynamo reset around a test, with the autofusion backend registered (a source checkout
+    has no installed entry point). The torch test modules use it for every test."""
+    import torch._dynamo
+
+    from autofusion.torch_backend import autofusion_backend
+
+    if "autofusion" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(autofusion_backend, name="autofusion")
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -23,16 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-4, 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    import torch._dynamo
-
-    if "autofusion" not in torch._dynamo.list_backends(exclude_tags=()):
-        # the package metadata (and so its entry point) is not installed in a source checkout
-        torch._dynamo.register_backend(autofusion_backend, name="autofusion")
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Recorder:

@@ -17,20 +17,12 @@ from autofusion.bench.torch_models import small_cnn, train, transformer_encoder 
 from autofusion.frontends.fx_import import fx_to_graph, is_convertible  # noqa: E402
 from autofusion.ir import run_graph  # noqa: E402
 from autofusion.runtime import CompiledModel  # noqa: E402
-from autofusion.torch_backend import AutofusionFallbackWarning, autofusion_backend  # noqa: E402
+from autofusion.torch_backend import AutofusionFallbackWarning  # noqa: E402
 
 CACHE = os.environ.get("AUTOFUSION_CACHE")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    import torch._dynamo
-
-    if "autofusion" not in torch._dynamo.list_backends(exclude_tags=()):
-        torch._dynamo.register_backend(autofusion_backend, name="autofusion")
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def aten_graph(fn: Callable[..., Any], *inputs: Any) -> Any:
