@@ -215,7 +215,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
 
     class _Support(OperatorSupportBase):
         def is_node_supported(self, submodules: Any, node: Any) -> bool:
-            return is_convertible(node)
+            return _supported(node)
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
@@ -246,6 +246,30 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
         _install(fused, node, runner)
         compiled_any = True
     return fused if compiled_any else gm.forward
+
+
+def _is_getitem(node: Any) -> bool:
+    return node.op == "call_function" and target_key(node) == "getitem"
+
+
+def _supported(node: Any) -> bool:
+    """Convertible, and safe for torch's partitioner, which moves every getitem user of a node
+    whose users are all getitems into that node's partition (and loops forever when two such
+    nodes pull one getitem, as a mask indexed by several index tensors has): such a node is
+    supported only if its getitems are, and a getitem only if its source is a supported op."""
+    cached = node.meta.get("_autofusion_supported")
+    if cached is not None:
+        return bool(cached)
+    ok = is_convertible(node)
+    users = list(node.users)
+    if ok and users and all(_is_getitem(u) for u in users):
+        ok = all(_supported(u) for u in users)
+    if ok and _is_getitem(node):
+        source = node.args[0]
+        if all(_is_getitem(u) for u in source.users):
+            ok = source.op in ("call_function", "call_method") and is_convertible(source)
+    node.meta["_autofusion_supported"] = ok
+    return ok
 
 
 def compile_summary(gm: Any, partitions: Sequence[Any], label: str = "") -> str:

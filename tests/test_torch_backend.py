@@ -566,3 +566,43 @@ def test_random_ops_on_buffers_are_never_folded():
         torch.compile(Noisy(), backend=backend)(torch.ones(4))
     assert [ok for target, ok in seen if "rand_like" in target] == [False], seen
     assert [ok for target, ok in seen if target == "exp"] == [True], seen
+
+
+class MaskedAttention(nn.Module):
+    """Attention with a padding mask built as transformers build it: index tensors from arange,
+    the mask indexed by them, and-ed with a causal test, a boolean mask for SDPA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x, mask):
+        batch, seq = mask.shape
+        b_idx = torch.arange(batch)[:, None, None]
+        q_idx = torch.arange(seq)[None, :, None]
+        k_idx = torch.arange(seq)[None, None, :]
+        allowed = mask.bool()[b_idx, k_idx] & (k_idx <= q_idx)
+        q, k, v = (t.view(batch, seq, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+
+
+def test_a_padding_mask_built_from_index_tensors_compiles_and_matches():
+    """operator.and_ is not an in-place update; torch's partitioner, which pulls getitems into
+    their source's partition, is never handed a getitem it would move back and forth (it looped
+    forever on this graph); a boolean SDPA mask is a Where."""
+    from autofusion.frontends.fx_import import mutates
+
+    torch.manual_seed(0)
+    model = MaskedAttention().eval()
+    x = torch.randn(2, 6, 16)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    recorder = Recorder()
+    _check(model, x, mask, backend=recorder)
+    assert recorder.compiled_partitions() >= 1
+    gm = recorder.results[0] if isinstance(recorder.results[0], torch.fx.GraphModule) else None
+    assert gm is not None
+    import operator
+
+    ands = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is operator.and_]
+    assert ands and not any(mutates(n) for n in ands)

@@ -91,6 +91,8 @@ def mutates(node: Any) -> bool:
         return False
     if node.kwargs.get("inplace") is True or (node.op == "call_function" and node.target in INPLACE_OPERATORS):
         return True
+    if node.op == "call_function" and getattr(node.target, "__module__", None) in ("_operator", "operator"):
+        return False  # operator.and_, or_, not_, is_: functions named around keywords, not updates
     name = str(node.target) if node.op == "call_method" else str(getattr(node.target, "__name__", ""))
     position = INPLACE_POSITION.get(name)
     if position is not None and len(node.args) > position and node.args[position] is True:
@@ -129,6 +131,10 @@ def _tensor_args_ok(node: Any) -> bool:
 
     found: list[Any] = []
     torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    if target_key(node) == "scaled_dot_product_attention":  # a boolean mask beside float32 q, k, v
+        mask = arg(node, 3, "attn_mask")
+        return all(static_float_tensor(example_value(a)) or (a is mask and _bool_tensor(example_value(a)))
+                   for a in found)
     if target_key(node) == "embedding":  # int64 ids into a float32 table
         return (len(found) == 2 and found[0] is node.args[0] and _int64_tensor(example_value(found[0]))
                 and static_float_tensor(example_value(found[1])))
@@ -139,6 +145,12 @@ def _tensor_args_ok(node: Any) -> bool:
             return static_float_tensors(example_value(found[0]))
         return static_float_tensor(example_value(found[0]))  # a tensor indexed by slices and ints
     return all(static_float_tensor(example_value(a)) for a in found)
+
+
+def _bool_tensor(value: Any) -> bool:
+    import torch
+
+    return static_tensor(value) and value.dtype == torch.bool
 
 
 def _int64_tensor(value: Any) -> bool:
@@ -402,7 +414,9 @@ def _attention(cv: Converter, node: Any) -> str:
     scale = float(scale) if scale is not None else 1.0 / float(np.sqrt(shape_q[-1]))
     scores = cv.b.op("Mul", scores, cv.b.const(np.asarray(scale, np.float32)))
     mask = arg(node, 3, "attn_mask")
-    if mask is not None:
+    if mask is not None and _bool_tensor(example_value(mask)):  # True: take part; False: masked out
+        scores = cv.b.op("Where", cv.tensor(mask), scores, cv.b.const(np.asarray(-np.inf, np.float32)))
+    elif mask is not None:
         scores = cv.b.op("Add", scores, cv.tensor(mask))
     if bool(arg(node, 5, "is_causal", False)):
         length, source = shape_q[-2], shape_k[-2]
@@ -413,8 +427,8 @@ def _attention(cv: Converter, node: Any) -> str:
 
 def _attention_ok(node: Any) -> bool:
     mask = arg(node, 3, "attn_mask")
-    if mask is not None and not static_float_tensor(example_value(mask)):
-        return False  # a boolean mask stays eager
+    if mask is not None and not (static_float_tensor(example_value(mask)) or _bool_tensor(example_value(mask))):
+        return False
     if float(arg(node, 4, "dropout_p", 0.0)) != 0.0 or node.kwargs.get("enable_gqa", False):
         return False
     shapes = [shape_of(node.args[i]) for i in range(3)] if len(node.args) >= 3 else []
