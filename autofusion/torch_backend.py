@@ -48,6 +48,9 @@ from autofusion.frontends.fx_import import (
 )
 
 _LOG = logging.getLogger("autofusion.torch")
+# what converting or compiling a partition may raise: the partition then runs eagerly
+_CONVERSION_ERRORS = (FxConversionError, ValueError, KeyError, IndexError, TypeError, ArithmeticError, RuntimeError,
+                      OSError)
 
 
 class AutofusionFallbackWarning(UserWarning):
@@ -105,7 +108,7 @@ class AutofusionSubmodule:
             _LOG.info("autofusion: a frozen parameter changed since the compile; compiling its partition again")
             try:
                 fresh = self.rebuild(args)
-            except (FxConversionError, ValueError, KeyError, IndexError, TypeError, ArithmeticError, RuntimeError, OSError) as e:
+            except _CONVERSION_ERRORS as e:
                 why = f"compiling it again failed ({type(e).__name__}: {e})"
             else:
                 self.model, self.state = fresh.model, fresh.state
@@ -238,7 +241,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
         sub_gm = _attr(fused, node.target)
         try:
             runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target))
-        except (FxConversionError, ValueError, KeyError, IndexError, TypeError, ArithmeticError, RuntimeError, OSError) as exc:
+        except _CONVERSION_ERRORS as exc:
             warnings.warn(f"autofusion: partition {node.target} runs eagerly ({type(exc).__name__}: {exc})",
                           AutofusionFallbackWarning, stacklevel=2)
             continue  # this part stays eager: the fused submodule runs its original torch ops

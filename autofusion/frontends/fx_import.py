@@ -53,23 +53,31 @@ NOT_FOLDABLE = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomia
 def foldable(node: Any) -> bool:
     """Whether ``node`` computes a tensor from the module's frozen state alone (a BERT's position
     ids sliced from a buffer, its token-type embeddings): the converter computes it once, in torch,
-    as a constant of the compiled graph. Deterministic ops only, with a static float32, int64 or bool
-    result of at most FOLD_MAX_ELEMENTS."""
-    import torch.fx
+    as a constant of the compiled graph."""
+    cached = node.meta.get("_autofusion_foldable")
+    if cached is None:
+        cached = node.meta["_autofusion_foldable"] = _foldable_op(node) and all(
+            _frozen_source(a) for a in _node_args(node))
+    return bool(cached)
 
+
+def _foldable_op(node: Any) -> bool:
+    """A deterministic op with a static float32, int64 or bool result of at most FOLD_MAX_ELEMENTS."""
     if node.op not in ("call_function", "call_method") or mutates(node):
         return False
-    cached = node.meta.get("_autofusion_foldable")
-    if cached is not None:
-        return bool(cached)
     key = str(target_key(node) or getattr(node.target, "__name__", node.target))
     value = example_value(node)
+    return (not any(word in key for word in NOT_FOLDABLE) and static_tensor(value)
+            and value.numel() <= FOLD_MAX_ELEMENTS)
+
+
+def _node_args(node: Any) -> list[Any]:
+    """The FX nodes among ``node``'s arguments."""
+    import torch.fx
+
     found: list[Any] = []
     torch.fx.node.map_arg((node.args, node.kwargs), found.append)
-    ok = (not any(word in key for word in NOT_FOLDABLE) and static_tensor(value)
-          and value.numel() <= FOLD_MAX_ELEMENTS and all(_frozen_source(a) for a in found))
-    node.meta["_autofusion_foldable"] = ok
-    return ok
+    return found
 
 
 def _frozen_source(node: Any) -> bool:
@@ -127,10 +135,7 @@ def why_not_convertible(node: Any) -> str:
 def _tensor_args_ok(node: Any) -> bool:
     """Every FX node among the arguments must be a static float32 tensor (no sizes, ints or tuples;
     a getitem reads one tensor of a split's tuple)."""
-    import torch.fx
-
-    found: list[Any] = []
-    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    found = _node_args(node)
     if target_key(node) == "scaled_dot_product_attention":  # a boolean mask beside float32 q, k, v
         mask = arg(node, 3, "attn_mask")
         return all(static_float_tensor(example_value(a)) or (a is mask and _bool_tensor(example_value(a)))
@@ -615,9 +620,8 @@ def folded_value(node: Any) -> Any:
             if n.op == "placeholder":
                 values[n] = real_value(n)
             else:
-                import torch.fx
-
-                torch.fx.node.map_arg((n.args, n.kwargs), value_of)
+                for a in _node_args(n):
+                    value_of(a)
                 values[n] = _compute(n, values)
         return values[n]
 
@@ -626,14 +630,7 @@ def folded_value(node: Any) -> Any:
 
 def _computable(node: Any, values: Mapping[Any, Any]) -> bool:
     """Whether ``node`` can be folded now: :func:`foldable`'s test against this conversion's frozen values."""
-    import torch.fx
-
-    found: list[Any] = []
-    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
-    key = str(target_key(node) or getattr(node.target, "__name__", node.target))
-    value = example_value(node)
-    return (not mutates(node) and not any(word in key for word in NOT_FOLDABLE) and static_tensor(value)
-            and value.numel() <= FOLD_MAX_ELEMENTS and all(a in values for a in found))
+    return _foldable_op(node) and all(a in values for a in _node_args(node))
 
 
 def _compute(node: Any, values: Mapping[Any, Any]) -> Any:
