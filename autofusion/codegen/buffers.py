@@ -90,26 +90,31 @@ def best_fit(blocks: list[Interval]) -> tuple[dict[str, int], int]:
     return offsets, peak
 
 
-def _outputs_adopted_by_view_bases(plan: Plan, out_index: Mapping[str, int],
+def _view_roots(plan: Plan) -> dict[str, str]:
+    """Each view group's output -> the tensor whose buffer it shares (through chains of views)."""
+    g = plan.graph
+    root: dict[str, str] = {}
+    for group in plan.groups:
+        if group.template == "view":
+            for name in group.nodes:
+                node = g.node_by_name[name]
+                for out in (o for o in node.outputs if o):
+                    root[out] = root.get(node.inputs[0], node.inputs[0])
+    return root
+
+
+def _outputs_adopted_by_view_bases(plan: Plan, root: Mapping[str, str], out_index: Mapping[str, int],
                                    placed: Mapping[str, Placement]) -> dict[str, str]:
     """Tensors computed straight into a graph output's array, because that output is a view of
     them (a training graph's forward returns reshaped activations for the backward): base ->
     output. The view then costs no copy. A base adopts one output, and only when it is computed
     by a kernel and is no graph output itself."""
     g = plan.graph
-    root: dict[str, str] = {}
     adopted: dict[str, str] = {}
-    for group in plan.groups:
-        if group.template != "view":
-            continue
-        for name in group.nodes:
-            node = g.node_by_name[name]
-            src = root.get(node.inputs[0], node.inputs[0])
-            for out in (o for o in node.outputs if o):
-                root[out] = src
-                if (out in out_index and src not in out_index and src not in placed and src not in adopted
-                        and src in g.producers and g.types[src].nbytes == g.types[out].nbytes):
-                    adopted[src] = out
+    for out, src in root.items():  # in plan order
+        if (out in out_index and src not in out_index and src not in placed and src not in adopted
+                and src in g.producers and g.types[src].nbytes == g.types[out].nbytes):
+            adopted[src] = out
     return adopted
 
 
@@ -130,20 +135,15 @@ def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[s
         else:
             out_index[t] = i
 
-    root: dict[str, str] = {}
     start: dict[str, int] = {}
     view_copies: dict[str, list[tuple[str, int]]] = {}
-    adopted = _outputs_adopted_by_view_bases(plan, out_index, place)
+    root = _view_roots(plan)
+    adopted = _outputs_adopted_by_view_bases(plan, root, out_index, place)
     for step, group in enumerate(plan.groups):
         if group.template == "view":
             for name in group.nodes:
-                node = g.node_by_name[name]
-                src = root.get(node.inputs[0], node.inputs[0])
-                for out in node.outputs:
-                    if not out:
-                        continue
-                    root[out] = src
-                    if out in out_index and adopted.get(src) != out:
+                for out in (o for o in g.node_by_name[name].outputs if o):
+                    if out in out_index and adopted.get(root[out]) != out:
                         view_copies.setdefault(group.name, []).append((out, out_index[out]))
             continue
         for t in group.outputs:
