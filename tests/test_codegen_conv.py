@@ -8,6 +8,8 @@ import tempfile
 import numpy as np
 import pytest
 
+from autofusion.codegen.cores import CoreChooser
+from autofusion.codegen.gemm import PACKED_MIN_COLUMNS
 from autofusion.decide import build_groups
 from autofusion.decide.plan import ZERO_COST, Plan
 from autofusion.ir import Graph, GraphBuilder, run_graph
@@ -21,10 +23,10 @@ def f32(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def check(g: Graph, feeds: dict[str, np.ndarray]) -> str:
+def check(g: Graph, feeds: dict[str, np.ndarray], cores: CoreChooser | None = None) -> str:
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
                 ZERO_COST, ZERO_COST)
-    model = CompiledModel(plan, cache=CACHE)
+    model = CompiledModel(plan, cache=CACHE, cores=cores)
     report = compare_outputs(run_graph(g, feeds), model.run(feeds))
     assert report.ok, report.summary()
     return "\n".join(k.code for k in model.source.kernels)
@@ -130,17 +132,23 @@ def test_large_conv_runs_tiles_in_parallel() -> None:
     ("AveragePool", {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1), "count_include_pad": 1}),
 ])
 @pytest.mark.parametrize("channels,x_shape", [(5, (2, 3, 33, 19)), (40, (1, 4, 31, 31)), (300, (1, 8, 24, 24))])
-def test_conv_with_a_pooling_epilogue(pool_op: str, pool_attrs: dict, channels: int, x_shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("impl", ["taps", "packed"])
+def test_conv_with_a_pooling_epilogue(pool_op: str, pool_attrs: dict, channels: int, x_shape: tuple[int, ...],
+                                      impl: str) -> None:
     """Conv -> Relu -> pooling in one kernel: tasks are blocks of pooled rows, each computing the
     convolution rows its windows reach (overlapping blocks), sgemm (5 channels) and packed weights
-    (40, and 300 in two channel blocks); the convolution's output is never stored."""
+    (40, and 300 in two channel blocks) with the taps read in place or im2col; the convolution's
+    output is never stored."""
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
     b = GraphBuilder("conv_pool")
     x = b.input("x", x_shape)
     c = b.op("Conv", x, b.const(f32(channels, x_shape[1], 3, 3)), b.const(f32(channels)), pads=(1, 1, 1, 1))
     g = b.build([b.op(pool_op, b.op("Relu", c), **pool_attrs)])
-    code = check(g, {"x": f32(*x_shape)})
+    code = check(g, {"x": f32(*x_shape)}, FixedChooser(CoreChoice(impl, 256)))
     assert "the pooled values of the block" in code and "pin[" in code
     assert "scratch +" not in code  # nothing the size of the convolution's output
+    assert ("af_sgemm_packed_taps(" in code) == (impl == "taps" and channels >= PACKED_MIN_COLUMNS)
 
 
 def test_conv_pooling_falls_back_when_the_convolution_is_also_an_output() -> None:
@@ -210,7 +218,8 @@ def test_per_thread_blocks_are_counted_and_a_single_block_of_positions_shares_it
 def test_the_taps_form_counts_its_slab_offsets_and_tile_per_thread() -> None:
     """Reading the taps in place, a thread's block holds the task's input rows zero-padded (8 output
     rows + 2 of the 3x3 kernel's reach, 34 columns with the padding), the offset of each (channel, tap)
-    and the transposed tile at the slab's row pitch; no scratch."""
+    and the transposed tile, compact (8 rows of 32 positions: the padding columns are not computed);
+    no scratch."""
     from autofusion.codegen import render_plan
 
     b = GraphBuilder("conv_taps")
@@ -220,7 +229,7 @@ def test_the_taps_form_counts_its_slab_offsets_and_tile_per_thread() -> None:
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
                 ZERO_COST, ZERO_COST)
     kernel = render_plan(plan).kernels[0]
-    slab, offs, tile = 16 * (8 + 2) * 34 * 4, 16 * 9 * 4, 64 * 8 * 34 * 4
+    slab, offs, tile = 16 * (8 + 2) * 34 * 4, 16 * 9 * 4, 64 * 8 * 32 * 4
     assert "af_sgemm_packed_taps(" in kernel.code and kernel.scratch_bytes == 0
     assert kernel.thread_bytes == -(-(slab + offs) // 64) * 64 + tile
 

@@ -129,7 +129,7 @@ class _Conv:
         self.y = y
         if pool is not None:
             with contextlib.suppress(Misaligned):  # the pooling op's input is not elementwise in the tile: below
-                return self._render_pooled(pool, y, bias, choice.packed, w_ptr, x_ptr, outputs, geo)
+                return self._render_pooled(pool, y, bias, choice, w_ptr, x_ptr, outputs, geo)
         return self._render_tiles(geo, choice, bias, x_ptr, w_ptr, outputs, only_into)
 
     def _geometry(self) -> dict[str, Any]:
@@ -180,7 +180,7 @@ class _Conv:
                     tuple(win.dilations), (geo["groups"],))
         # one plane (no depth, no negative pads, which crop): split into its stride phases, the padded
         # input makes output positions an affine walk for every tap, so the taps can be read in place
-        direct_ok = (packable and geo["im2col"] and pool is None and geo["od"] == 1 and geo["kd"] == 1
+        direct_ok = (packable and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=geo["n_img"] * geo["groups"],
@@ -213,11 +213,9 @@ class _Conv:
         mb = _channel_block(mg, geo["n_img"] * geo["groups"] * -(-p // pb), packed)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
         direct = None
-        pitch = ow  # tile rows per output row: the padded input's width when the taps are read in place
         if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
             direct = tap_slab(geo["cg"], pb // ow, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]),
                               (geo["dh"], geo["dw"]))
-            pitch = direct.width
         if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
             c_ptr, ldc = "tile", mb
@@ -225,7 +223,7 @@ class _Conv:
             c_ptr, ldc = f"{ybuf} + (n * {geo['m']} + gi * {mg} + m0) * {p} + p0", p
         else:
             c_ptr, ldc = "tile", pb
-        body = self._tile_body(aligned, ybuf, bias, ldc, pitch, packed)
+        body = self._tile_body(aligned, ybuf, bias, ldc, packed)
         sp_dims = list(range(2, len(ys)))
         row_lines = [f"const int64_t i{d} = {e};" for d, e in zip(sp_dims[:-1], ix.delinear("srow", list(ys[2:-1])))
                      if ys[d] != 1]
@@ -239,7 +237,7 @@ class _Conv:
         # computed once by all threads into scratch instead of once per task
         shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and not depthwise and parallel
                       and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1 else None)
-        tile_floats = mb * (pb // ow) * pitch if packed or not ybuf else 0
+        tile_floats = mb * pb if packed or not ybuf else 0
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
         if direct is not None:  # the slab and the offset table take the im2col block's place
             col_floats = (direct.slab_bytes + kc * 4) // 4
@@ -250,7 +248,7 @@ class _Conv:
             "conv_epilogue.c.j2", k_pass=self.k_pass,
             comment=c_comment_text(f"Conv {self.core.name}: {list(geo['xs'])} * {list(geo['ws'])} -> {list(ys)}, "
                                    f"group {geo['groups']}, {how}; epilogue per tile: {ops}"),
-            direct=direct, pitch=pitch, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
+            direct=direct, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
             parallel=parallel, shared_col=shared_col, tile_floats=tile_floats, col_bytes=col_bytes,
             tile_bytes=tile_bytes, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
             x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, ldc=ldc, w_ptr=w_ptr,
@@ -284,12 +282,12 @@ class _Conv:
                 aligned.insert(0, (y, ybuf))
         return aligned, late, early, ybuf
 
-    def _tile_body(self, aligned: list[tuple[str, str]], ybuf: str, bias: Bias | None, ldc: int, pitch: int,
+    def _tile_body(self, aligned: list[tuple[str, str]], ybuf: str, bias: Bias | None, ldc: int,
                    packed: bool) -> Block:
         """The epilogue per element of a tile: each aligned output computed from the tile's value."""
         y, ys = self.y, self.g.types[self.y].shape
         inl = Inliner(self.k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, pitch, bias, inl, transposed=packed)
+        inl.overrides[y] = self._tile_override(ldc, self.g.types[y].shape[-1], bias, inl, transposed=packed)
         body = Block()
         idx = self._y_index()
         for t, dest in aligned:
@@ -323,10 +321,10 @@ class _Conv:
         return node is not None and node.name in self.non_core and any(
             self._after(t, source) for t in node.inputs if t)
 
-    def _render_pooled(self, pool: Node, y: str, bias: Bias | None, packed: bool, w_ptr: str, x_ptr: str,
+    def _render_pooled(self, pool: Node, y: str, bias: Bias | None, choice: CoreChoice, w_ptr: str, x_ptr: str,
                        outputs: list[str], geo: dict[str, Any]) -> str:
         """The kernel when a pooling op follows: tasks are blocks of pooled rows (see the module doc)."""
-        k, g = self.k, self.g
+        k, g, packed = self.k, self.g, choice.packed
         ys, ps = g.types[y].shape, g.types[pool.outputs[0]].shape
         pw_ = window(ys[2:], ints(pool.attr("kernel_shape")), pool.attrs.get, bool(pool.attr("ceil_mode", 0)))
         oh, ow = ys[2], ys[3]
@@ -376,11 +374,17 @@ class _Conv:
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         xs, ws = geo["xs"], geo["ws"]
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
-        col_bytes, tile_bytes = _blocks(k, geo["kc"] * pb if geo["im2col"] else 0, mb * pb, 2)  # tile and pin
+        direct = None
+        col_floats = geo["kc"] * pb if geo["im2col"] else 0
+        if choice.taps:  # the block's input rows, read in place (see _render_tiles)
+            direct = tap_slab(geo["cg"], rows, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]), (geo["dh"], geo["dw"]))
+            col_floats = (direct.slab_bytes + geo["kc"] * 4) // 4
+        col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 2)  # tile and pin
+        how = "taps read in place" if direct else "im2col " + ("yes" if geo["im2col"] else "no")
         return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=None, depthwise=False,
+            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False,
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
-                                   f"im2col {'yes' if geo['im2col'] else 'no'}; epilogue per tile: {ops} "
+                                   f"{how}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
             prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
             tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
