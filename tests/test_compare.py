@@ -151,5 +151,18 @@ def test_round_robin_timing_runs_every_runner_each_round() -> None:
     def runner(key: str):  # type: ignore[no-untyped-def]
         return lambda: calls.__setitem__(key, calls[key] + 1)
 
-    medians = round_robin_medians({"a": runner("a"), "b": runner("b")}, rounds=3, min_seconds=0.0)
-    assert set(medians) == {"a", "b"} and calls == {"a": 3, "b": 3} and all(v >= 0 for v in medians.values())
+    medians = round_robin_medians({"a": runner("a"), "b": runner("b")}, rounds=3, min_seconds=0.0, pause_seconds=0)
+    # each round: one untimed call after the pause, then the timed ones
+    assert set(medians) == {"a", "b"} and calls == {"a": 6, "b": 6} and all(v >= 0 for v in medians.values())
+
+
+def test_round_robin_timing_pauses_before_each_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner's threads may spin after its calls (numpy's OpenBLAS: the next runner's first calls
+    ran 3x slower here): every runner's block starts after a pause and one untimed call."""
+    from autofusion.bench import timing
+
+    events: list[str] = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    timing.round_robin_medians({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, rounds=2,
+                               min_seconds=0.0, pause_seconds=0.25)
+    assert events == ["sleep 0.25", "a", "a", "sleep 0.25", "b", "b"] * 2

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.bench.timing import PAUSE_SECONDS
 from autofusion.codegen.cores import CoreChoice, CoreSpec, FixedChooser, Machine
 from autofusion.decide import unfused_plan
 from autofusion.runtime.tuning import core_graph
 
 RUNNERS = ("autofusion", "onnxruntime", "openblas")
-PAUSE_SECONDS = 0.05  # enough for spinning pools to stop, short enough that the vCPUs stay awake
 WAKE_RUNS = 10
 BLOCK_SECONDS = 0.05  # a 0.2 ms core timed 10 times after a pause is timed waking up, not running
 
