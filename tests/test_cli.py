@@ -215,3 +215,17 @@ def test_run_profile_lists_the_superkernels_kernels_by_time(capsys: pytest.Captu
     assert all(k["ms"] >= 0 for k in kernels) and sum(k["ms"] for k in kernels) > 0
     code, _, err = cli(capsys, "run", "bert-tiny", "--profile")
     assert code == 2 and "--backend c" in err
+
+
+def test_run_with_the_triton_backend_matches_the_reference(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    """``run --backend triton`` runs the fused plan's Triton kernels (under the interpreter here: no
+    CUDA device), says where, and saves the same outputs as the reference."""
+    pytest.importorskip("torch", exc_type=ImportError)
+    pytest.importorskip("triton", exc_type=ImportError)
+    report = cli_json(capsys, "run", "gpt2-tiny", "--backend", "triton", "--save", str(tmp_path / "t.npz"))
+    assert report["triton"]["kernels"] > 10 and report["triton"]["host"] == {}
+    cli_json(capsys, "run", "gpt2-tiny", "--save", str(tmp_path / "r.npz"))
+    with np.load(tmp_path / "t.npz") as got, np.load(tmp_path / "r.npz") as want:
+        for key in want.files:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)

@@ -68,7 +68,8 @@ def test_every_builtin_kind_is_one_object_read_by_every_stage() -> None:
         assert isinstance(c, str) and c.startswith("autofusion.codegen.")  # the renderer lives in codegen
         assert callable(kind.renderer("c"))
     assert set(c_kinds()) == set(kinds.names())
-    assert set(triton_kinds()) == {"pointwise", "reduction", "multi_output", "gemm_epilogue"}
+    assert set(triton_kinds()) == {"pointwise", "reduction", "multi_output", "gemm_epilogue", "horizontal_gemm",
+                                   "conv_epilogue", "opaque"}
     assert all(str(kinds[k].renderers["triton"]).startswith("autofusion.codegen.triton.") for k in triton_kinds())
     # the editors' vocabulary and the rule checker read the same list (views are no rule's kind)
     assert set(vocabulary_templates()) == set(kinds.names()) - {"view"}

@@ -106,26 +106,100 @@ def test_gemm_epilogue_matches_reference() -> None:
     assert "tl.dot(" in model.kernels[0].source
 
 
-def test_bert_tiny_fused_plan() -> None:
+@pytest.mark.parametrize("name,kinds", [
+    ("bert-tiny", {"pointwise", "reduction", "gemm_epilogue", "horizontal_gemm"}),
+    ("gpt2-tiny", {"pointwise", "reduction", "gemm_epilogue", "opaque"}),
+])
+def test_transformer_plans_run_wholly_in_triton(name: str, kinds: set[str]) -> None:
+    """Every group of the tiny transformers' fused plans is a Triton kernel (the attention products
+    read K^T and the heads through their Transposes, QKV is one launch), none falls back."""
     from autofusion.api import optimize
     from autofusion.models import build, random_inputs
 
-    plan = optimize(build("bert-tiny"))
+    plan = optimize(build(name))
     model = TritonModel(plan)
-    templates = {k.group.template for k in model.kernels}
-    assert {"pointwise", "reduction", "gemm_epilogue"} <= templates
+    assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
+    assert kinds <= {k.group.template for k in model.kernels}
     feeds = random_inputs(plan.graph)
     got, want = model(feeds), run_graph(plan.graph, feeds)
     for name, ref in want.items():
         np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_unsupported_template_is_a_clear_error() -> None:
-    plan = one_group_plan(gemm_graph(), "horizontal_gemm")
-    with pytest.raises(CodegenError, match="horizontal_gemm"):
+def test_a_group_without_one_kernel_runs_one_kernel_per_op() -> None:
+    """The LSTM cell unrolled over time (lstm_scan) has no single Triton kernel: it runs as one
+    Triton kernel per op on the device, none on the host, and matches the reference; with
+    fallback=False the group is refused instead."""
+    from autofusion.api import optimize
+    from autofusion.models import build, random_inputs
+
+    plan = optimize(build("lstm-tiny"))
+    scan = next(g for g in plan.groups if g.template == "lstm_scan")
+    model = TritonModel(plan)
+    assert "lstm_scan" in model.split[scan.name]
+    assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
+    assert len(model.kernels) > len(plan.groups)
+    feeds = random_inputs(plan.graph)
+    got, want = model(feeds), run_graph(plan.graph, feeds)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+    with pytest.raises(CodegenError, match="lstm_scan"):
         TritonModel(plan, fallback=False)
-    model = TritonModel(plan)  # falls back to the reference ops
-    assert "g0" in model.fallbacks
+
+
+def test_gemm_operands_computed_in_the_group() -> None:
+    """Q @ K^T with K^T a Transpose of a [batch, heads, seq, dim] input and a transposed, scaled Gemm
+    (transB): the operands are computed in the K loop from what the group reads."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("attn")
+    q, kx = b.input("q", (2, 3, 17, 8)), b.input("k", (2, 17, 3, 8))
+    kt = b.op("Transpose", kx, perm=(0, 2, 3, 1))  # [2, 3, 8, 17]
+    g = b.build([b.op("Mul", b.op("MatMul", q, kt), b.const(np.float32(0.125)))])
+    check(one_group_plan(g, "gemm_epilogue"))
+    b = GraphBuilder("gemm_t")
+    x = b.input("x", (19, 33))
+    w = b.const(rng.standard_normal((21, 33)).astype(np.float32))
+    c = b.const(rng.standard_normal(21).astype(np.float32))
+    g = b.build([b.op("Gemm", b.op("Neg", x), w, c, transB=1, alpha=0.5, beta=2.0)])
+    check(one_group_plan(g, "gemm_epilogue"))
+
+
+def test_opaque_product_and_horizontal_products() -> None:
+    """An opaque Gemm alone; three products of one input with different widths and epilogues in one
+    launch (horizontal_gemm), against the reference."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder("opaque_gemm")
+    x = b.input("x", (5, 40))
+    g = b.build([b.op("Gemm", x, b.const(rng.standard_normal((40, 70)).astype(np.float32)),
+                      b.const(rng.standard_normal(70).astype(np.float32)))])
+    check(one_group_plan(g, "opaque"))
+    b = GraphBuilder("qkv")
+    x = b.input("x", (2, 9, 24))
+    outs = []
+    for width, act in ((24, "Relu"), (40, "Tanh"), (7, "Sigmoid")):
+        y = b.op("Add", b.op("MatMul", x, b.const(rng.standard_normal((24, width)).astype(np.float32))),
+                 b.const(rng.standard_normal(width).astype(np.float32)))
+        outs.append(b.op(act, y))
+    model = check(one_group_plan(b.build(outs), "horizontal_gemm"))
+    assert model.kernels[0].source.count("tl.dot(") == 3
+
+
+def test_split_and_slice_in_a_pointwise_group() -> None:
+    """Split's parts and a Slice with a negative step, computed as index mappings of the input."""
+    b = GraphBuilder("split_slice")
+    x = b.input("x", (4, 30))
+    p0, p1, p2 = b.op_multi("Split", [x, b.const(np.array([10, 10, 10], np.int64))], 3, axis=1)
+    s = b.op("Slice", x, b.const(np.array([0, 29], np.int64)), b.const(np.array([4, 9], np.int64)),
+             b.const(np.array([0, 1], np.int64)), b.const(np.array([1, -2], np.int64)))
+    check(one_group_plan(b.build([b.op("Add", b.op("Exp", p0), p1), s, p2]), "multi_output"))
+
+
+def test_unsupported_template_is_a_clear_error() -> None:
+    plan = one_group_plan(gemm_graph(), "lstm_scan")
+    with pytest.raises(CodegenError, match="lstm_scan"):
+        TritonModel(plan, fallback=False)
+    model = TritonModel(plan)  # one kernel per op instead
+    assert "g0" in model.split and not model.fallbacks
     feeds = feeds_for(plan.graph)
     np.testing.assert_allclose(model(feeds)[plan.graph.outputs[0]], run_graph(plan.graph, feeds)[plan.graph.outputs[0]],
                                rtol=1e-5)

@@ -16,7 +16,7 @@ from autofusion.cli.common import CliError, Output, add_model_arguments, json_nu
 from autofusion.cli.tuning_args import add_tune_argument, tune_progress, tune_wanted
 from autofusion.ir import Graph
 
-BACKENDS = ("reference", "c", "c-unfused")
+BACKENDS = ("reference", "c", "c-unfused", "triton")
 HEAD = 5  # values shown per output
 
 
@@ -28,8 +28,10 @@ def add_parser(subparsers: Any) -> None:
                     "first values, and the wall time.")
     add_model_arguments(p)
     p.add_argument("--backend", choices=BACKENDS, default="reference",
-                   help="reference (numpy interpreter), c (fused plan as one compiled SuperKernel) or c-unfused "
-                        "(every op its own compiled kernel); default reference")
+                   help="reference (numpy interpreter), c (fused plan as one compiled SuperKernel), c-unfused "
+                        "(every op its own compiled kernel) or triton (the fused plan's Triton kernels on the CUDA "
+                        "device, or under Triton's interpreter on the CPU when there is none: slow, for checking); "
+                        "default reference")
     p.add_argument("--inputs", metavar="FILE.npz", help="inputs as an .npz with keys input:NAME")
     p.add_argument("--save", metavar="FILE.npz", help="write the outputs (output:NAME) and inputs (input:NAME)")
     p.add_argument("--seed", type=int, default=0, help="seed of built-in weights and random inputs (default 0)")
@@ -115,8 +117,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--profile times the kernels of the fused SuperKernel: use it with --backend c")
     start = time.perf_counter()
     profile: list[dict[str, Any]] | None = None
+    triton: dict[str, Any] | None = None
     if args.backend == "reference":
         outputs = run_graph(graph, feeds)
+    elif args.backend == "triton":
+        outputs, start, triton = _run_triton(graph, feeds)
     else:
         outputs, start, profile = _run_compiled(args, graph, feeds)
     wall = time.perf_counter() - start
@@ -127,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
                 "inputs": args.inputs or f"random (seed {args.seed})", "saved": saved, "outputs": summaries}
         if profile is not None:
             data["kernels"] = profile
+        if triton is not None:
+            data["triton"] = triton
         out.json(data)
         return 0
     rows = [(s["name"], "x".join(map(str, s["shape"])) or "scalar", s["dtype"], _num(s["mean"]), _num(s["std"]),
@@ -139,6 +146,12 @@ def run(args: argparse.Namespace) -> int:
             out.line(f"warning: {s['name']} has {s['nonfinite']} non-finite values")
     out.line(f"inputs: {args.inputs or f'random (seed {args.seed})'}")
     out.line(f"wall time: {wall * 1000:.1f} ms")
+    if triton is not None:
+        out.line(f"triton on {triton['device']}: {triton['kernels']} kernels")
+        for group, why in triton["split"].items():
+            out.line(f"  {group}: one kernel per op ({why})")
+        for group, why in triton["host"].items():
+            out.line(f"  {group}: on the host with the reference ops ({why})")
     if profile is not None:
         total = sum(k["ms"] for k in profile) or 1.0
         top = profile[:PROFILE_ROWS]
@@ -184,6 +197,33 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
     rows = [{"kernel": name, "template": groups[name].template, "nodes": len(groups[name].nodes),
              "ms": statistics.median(times) * 1e3, "cores": cores.get(name, [])} for name, times in samples.items()]
     return outputs, start, sorted(rows, key=lambda r: -r["ms"])
+
+
+def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, float, dict[str, Any]]:
+    """Outputs of the fused plan's Triton kernels, on the CUDA device or, without one, under Triton's
+    interpreter (set before triton is imported); the start time excludes optimisation and loading."""
+    import os
+
+    try:
+        import torch
+    except ImportError:
+        raise CliError("--backend triton needs torch and triton: pip install 'autofusion[gpu]'") from None
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise CliError("--backend triton needs triton: pip install 'autofusion[gpu]'") from None
+    from autofusion.api import optimize
+    from autofusion.runtime.triton_runner import TritonModel
+
+    model = TritonModel(optimize(graph), device=device)
+    start = time.perf_counter()
+    outputs = model(feeds)
+    host = {k: v for k, v in model.fallbacks.items() if v != "view"}
+    return outputs, start, {"device": device if device == "cuda" else "cpu (Triton's interpreter)",
+                            "kernels": len(model.kernels), "split": dict(model.split), "host": host}
 
 
 def _num(v: Any) -> str:

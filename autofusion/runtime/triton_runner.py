@@ -1,8 +1,10 @@
-"""Runs a fusion plan with Triton: supported groups as generated Triton kernels, the rest op by op.
+"""Runs a fusion plan with Triton: each group as one generated Triton kernel where it renders.
 
-Groups the Triton backend cannot render run their nodes with the op registry's reference
-implementations (the same numpy code as :func:`autofusion.ir.run_graph`), unless the model was
-built with ``fallback=False``, in which case the first such group is refused with its CodegenError.
+A group the Triton backend cannot render as one kernel (an LSTM cell unrolled over time, a
+convolution with a pooling epilogue) runs as one Triton kernel per op, on the device; only ops
+without any Triton kernel run with the op registry's reference implementations (the same numpy
+code as :func:`autofusion.ir.run_graph`, on the host). With ``fallback=False`` the first group
+that is not one kernel is refused with its CodegenError instead.
 Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on the CPU.
 
 Calls from several threads are safe: each call has its own tensors. Triton's interpreter patches
@@ -20,7 +22,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ import numpy as np
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import TritonKernel, render_triton_group
 from autofusion.decide.plan import FusedGroup, Plan
+from autofusion.graph.graph import Graph
 from autofusion.ir.interpreter import check_feeds
 from autofusion.ops.registry import OpRegistry
 
@@ -48,6 +51,20 @@ class _Step:
     reason: str = ""
 
 
+def per_op_groups(graph: Graph, group: FusedGroup, registry: OpRegistry) -> list[FusedGroup]:
+    """``group`` as groups of one op each (one per output of a multi-output op, as Split's parts
+    differ in size), in the group's order: what runs on the device when the group as a whole has
+    no Triton kernel."""
+    out: list[FusedGroup] = []
+    for name in group.nodes:
+        node = graph.node_by_name[name]
+        inputs = tuple(dict.fromkeys(t for t in node.inputs if t))
+        for t in (o for o in node.outputs if o):
+            out.append(FusedGroup(f"{group.name}_op{len(out)}", (name,), inputs, (t,),
+                                  "opaque" if registry[node.op].core else "pointwise"))
+    return out
+
+
 class TritonModel:
     """A plan compiled to Triton kernels; call it with numpy feeds to get numpy outputs."""
 
@@ -58,20 +75,31 @@ class TritonModel:
         self.plan, self.device = plan, device
         self.registry = registry or plan.registry
         self._dir = directory or Path(tempfile.mkdtemp(prefix="autofusion_triton_"))
-        steps = []
+        steps: list[_Step] = []
+        split: dict[str, str] = {}
         for group in plan.groups:
             if group.template == "view":
                 steps.append(_Step(group, None, reason="view"))
                 continue
             try:
-                kernel = render_triton_group(plan.graph, group, registry=self.registry, kinds=plan.kinds)
+                steps.append(self._step(group))
             except CodegenError as e:
                 if not fallback:
                     raise
-                steps.append(_Step(group, None, reason=str(e)))
-                continue
-            steps.append(_Step(group, kernel, self._load(kernel).launch))
+                split[group.name] = str(e)
+                steps += [self._step_or_reference(part) for part in per_op_groups(plan.graph, group, self.registry)]
         self.steps = tuple(steps)
+        self.split = MappingProxyType(split)  # groups run as one kernel per op, with the reason
+
+    def _step(self, group: FusedGroup) -> _Step:
+        kernel = render_triton_group(self.plan.graph, group, registry=self.registry, kinds=self.plan.kinds)
+        return _Step(group, kernel, self._load(kernel).launch)
+
+    def _step_or_reference(self, group: FusedGroup) -> _Step:
+        try:
+            return self._step(group)
+        except CodegenError as e:
+            return _Step(group, None, reason=str(e))
 
     @property
     def kernels(self) -> tuple[TritonKernel, ...]:
@@ -79,7 +107,8 @@ class TritonModel:
 
     @property
     def fallbacks(self) -> Mapping[str, str]:
-        """Groups run op by op, with the reason (view groups need no kernel)."""
+        """Groups (or ops of a split group) run with the reference ops on the host, with the reason
+        (view groups need no kernel)."""
         return {s.group.name: s.reason for s in self.steps if s.kernel is None}
 
     def _load(self, kernel: TritonKernel) -> ModuleType:

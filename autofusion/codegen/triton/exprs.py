@@ -100,6 +100,14 @@ class Exprs:
             return self.value(src, ix.reshape(idx, out_t.shape, self.graph.type_of(src).shape))
         if op == "Gather":
             return self._gather(node, idx)
+        if op == "Split":  # part pos starts where the parts before it end
+            axis = int(node.attr("axis", 0)) % len(idx)
+            start = sum(self.graph.type_of(node.outputs[k]).shape[axis] for k in range(pos))
+            return self.value(node.inputs[0], tuple(ix.add(e, start) if d == axis else e for d, e in enumerate(idx)))
+        if op == "Slice":
+            return self._slice(node, idx)
+        if op == "BatchNormalization":
+            return self._batchnorm(node, pos, idx)
         if op == "Cast":
             return self.bind(cast_expr(self.input_at(node, 0, idx), out_t.dtype))
         if op == "Where":
@@ -107,6 +115,10 @@ class Exprs:
             return self.bind(f"tl.where({c}, {a}, {b})")
         if op == "Clip":
             return self._clip(node, idx)
+        if self.registry[op].pooling:  # MaxPool, AveragePool: an unrolled loop over the window's taps
+            from autofusion.codegen.triton.window import compute_window
+
+            return compute_window(self, node, pos, idx)
         fn = ELEMENTWISE.get(op) or spelled(self.registry[op].spelling.get("triton", ""))
         if fn is None:
             raise self.error(f"op {op} is not supported by the Triton backend", node)
@@ -126,6 +138,33 @@ class Exprs:
         fixed = self.bind(f"tl.where({ind} < 0, {ind} + {dim}, {ind})")
         data_idx = tuple(idx[:axis]) + (fixed,) + tuple(idx[axis + ind_rank:])
         return self.value(node.inputs[0], data_idx)
+
+    def _batchnorm(self, node: Node, pos: int, idx: Index) -> str:
+        """Inference BatchNormalization: elementwise with the parameters of channel ``idx[1]``."""
+        if pos != 0 or (len(node.outputs) > 1 and any(node.outputs[1:])):
+            raise self.error("BatchNormalization's running statistics outputs are not supported", node)
+        if not self.graph.type_of(node.outputs[0]).dtype.is_float:
+            raise self.error("BatchNormalization needs a float input", node)
+        x = self.value(node.inputs[0], idx)
+        scale, bias, mean, var = (self.value(t, (idx[1],)) for t in node.inputs[1:5])
+        eps = float(node.attr("epsilon", 1e-5))
+        return self.bind(f"({x} - {mean}) * ({scale} / tl.sqrt({var} + {eps!r})) + {bias}")
+
+    def _slice(self, node: Node, idx: Index) -> str:
+        from autofusion.ops.common import ref_input_or_attr
+        from autofusion.ops.reorganize import _slices
+
+        consts = [self.graph.const_value(t) if t else None for t in node.inputs]
+        starts, ends, axes, steps = (ref_input_or_attr(consts, node.attrs, i, name)
+                                     for i, name in enumerate(("starts", "ends", "axes", "steps"), 1))
+        if starts is None or ends is None:
+            raise self.error("Slice bounds must be constants", node)
+        shape = self.graph.type_of(node.inputs[0]).shape
+        src = []
+        for e, n, sl in zip(idx, shape, _slices(shape, starts, ends, axes, steps)):
+            r = range(n)[sl]
+            src.append(ix.add(ix.mul(e, r.step), r.start) if len(r) else "0")
+        return self.value(node.inputs[0], tuple(src))
 
     def _clip(self, node: Node, idx: Index) -> str:
         x = self.input_at(node, 0, idx)

@@ -1,4 +1,5 @@
-"""GEMM with an epilogue for Triton: ``tl.dot`` over K tiles, the epilogue on the accumulator tile."""
+"""GEMMs for Triton: ``tl.dot`` over K tiles, the epilogue on the accumulator tile; one product
+(gemm_epilogue, opaque) or several sharing their input in one launch (horizontal_gemm)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,45 @@ from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.tindex import Index
+from autofusion.graph.graph import Node
 
 
 def _tile(n: int, cap: int) -> int:
     return min(cap, max(16, 1 << max(0, (n - 1).bit_length())))  # tl.dot needs 16 or more
 
 
-def render_gemm(ex: Exprs, names: NameTable) -> dict[str, object]:
+def _operand(ex: Exprs, tensor: str, idx: Index, mask: str, k_lines: list[str]) -> str:
+    """The operand's tile for one step of K, as lines of the K loop: loaded, or computed from what the
+    group reads (a Transpose or view of an input: attention's K^T and heads). Values of the loop stay
+    out of the memo, so the epilogue computes its own."""
+    saved_lines, saved_mask, saved_memo = ex.lines, ex.mask, dict(ex.memo)
+    ex.lines, ex.mask = [], mask
+    try:
+        value = ex.value(tensor, idx)
+        if not ex.is_vector(value):  # a tile, even where the operand is one broadcast value
+            value = ex.bind(f"tl.zeros({mask}.shape, dtype=tl.float32) + {value}")
+        k_lines += ex.lines
+    finally:
+        ex.lines, ex.mask, ex.memo = saved_lines, saved_mask, saved_memo
+    return value
+
+
+def _batch(out_shape: tuple[int, ...]) -> tuple[list[str], list[str]]:
+    """(lines, index) of the batch axes of the program ``pid_b``."""
+    batch_lines, bidx = [], []
+    for d, e in enumerate(ix.delinear("pid_b", out_shape[:-2])):
+        if not ix.cix.is_int(e):
+            batch_lines.append(f"b{d} = {e}")
+            e = f"b{d}"
+        bidx.append(e)
+    return batch_lines, bidx
+
+
+def _segment(ex: Exprs, names: NameTable, core: Node, outputs: list[str], bidx: list[str]) -> dict[str, object]:
+    """One product and the outputs computed from it: its K loop, epilogue and stores (what the
+    templates' K loop and epilogue hold), from a fresh memo (``rn`` is this product's)."""
     g = ex.graph
-    cores = [g.node_by_name[n] for n in ex.group.nodes if ex.registry[g.node_by_name[n].op].core == "gemm"]
-    if len(cores) != 1:
-        raise ex.error(f"template 'gemm_epilogue' needs exactly one MatMul or Gemm node, found {len(cores)}")
-    core = cores[0]
     a, bt = core.inputs[0], core.inputs[1]
-    for t in (a, bt):
-        if t in ex.group.outputs or (g.producers.get(t) is not None and g.producers[t].name in ex.group.nodes):
-            raise ex.error(f"operand {t!r} is computed inside the group; the Triton GEMM reads operands from memory",
-                           core)
     at, btt, out_t = g.type_of(a), g.type_of(bt), g.type_of(core.outputs[0])
     if at.rank < 2 or btt.rank < 2 or not at.dtype.is_float or not btt.dtype.is_float:
         raise ex.error("the Triton GEMM needs float operands of rank 2 or more", core)
@@ -33,23 +56,16 @@ def render_gemm(ex: Exprs, names: NameTable) -> dict[str, object]:
     m, n = out_t.shape[-2], out_t.shape[-1]
     k = at.shape[-2] if trans_a else at.shape[-1]
     batch = out_t.shape[:-2]
-    ex.mask, ex.vector = "mask", {"rm", "rn", "mask", "acc"}
-    batch_lines, bidx = [], []
-    for d, e in enumerate(ix.delinear("pid_b", batch)):
-        if not ix.cix.is_int(e):
-            batch_lines.append(f"b{d} = {e}")
-            e = f"b{d}"
-        bidx.append(e)
-
-    def base(shape: tuple[int, ...]) -> str:
-        lead = ix.broadcast(tuple(bidx), batch, shape[:-2])
-        return ix.mul(ix.paren(ix.linear(lead, shape[:-2])), shape[-2] * shape[-1])
-
-    sam, sak = (1, at.shape[-1]) if trans_a else (at.shape[-1], 1)
-    sbk, sbn = (1, btt.shape[-1]) if trans_b else (btt.shape[-1], 1)
-    a_off = ix.add(base(at.shape), f"rm[:, None] * {sam} + kk[None, :] * {sak}")
-    b_off = ix.add(base(btt.shape), f"kk[:, None] * {sbk} + rn[None, :] * {sbn}")
-    tile: Index = tuple(bidx) + ("rm[:, None]", "rn[None, :]")
+    ex.lines, ex.memo, ex.mask = [], {}, "mask"
+    ex.vector |= {"rm", "rn", "mask", "acc", "kk", "amask", "bmask"}
+    lead = tuple(bidx)
+    a_idx = ("kk[None, :]", "rm[:, None]") if trans_a else ("rm[:, None]", "kk[None, :]")
+    b_idx = ("rn[None, :]", "kk[:, None]") if trans_b else ("kk[:, None]", "rn[None, :]")
+    k_lines = [f"amask = (rm[:, None] < {m}) & (kk[None, :] < {k})",
+               f"bmask = (kk[:, None] < {k}) & (rn[None, :] < {n})"]
+    a_val = _operand(ex, a, ix.broadcast(lead, batch, at.shape[:-2]) + a_idx, "amask", k_lines)
+    b_val = _operand(ex, bt, ix.broadcast(lead, batch, btt.shape[:-2]) + b_idx, "bmask", k_lines)
+    tile: Index = lead + ("rm[:, None]", "rn[None, :]")
     value = "acc"
     if core.op == "Gemm":
         alpha, beta = float(core.attr("alpha", 1.0)), float(core.attr("beta", 1.0))
@@ -63,14 +79,64 @@ def render_gemm(ex: Exprs, names: NameTable) -> dict[str, object]:
             raise ex.error("the GEMM result is read away from its own tile", core)
         return value
     ex.overrides[core.outputs[0]] = override
+    base = ix.mul(ix.paren(ix.linear(lead, batch)), m * n)
     stores = []
-    for t in ex.group.outputs:
+    for t in outputs:
         if g.type_of(t).shape != out_t.shape:
             raise ex.error(f"output {t!r} {list(g.type_of(t).shape)} is not of the GEMM's shape {list(out_t.shape)}")
-        off = ix.add(base(out_t.shape), f"rm[:, None] * {n} + rn[None, :]")  # every tile row, even when M is 1
+        off = ix.add(base, f"rm[:, None] * {n} + rn[None, :]")  # every tile row, even when M is 1
         stores.append(f"tl.store({names(t)} + {off}, {ex.value(t, tile)}, mask=mask)")
+    return dict(summary=c_comment_text(f"{core.op} {core.name}: {list(out_t.shape)}, K={k}"), k=k, m=m, n=n,
+                k_lines=k_lines, a_val=a_val, b_val=b_val, body=ex.lines, stores=stores)
+
+
+def render_gemm(ex: Exprs, names: NameTable) -> dict[str, object]:
+    """One product and its epilogue: a program per (batch, BM x BN tile)."""
+    g = ex.graph
+    cores = [g.node_by_name[n] for n in ex.group.nodes if ex.registry[g.node_by_name[n].op].core == "gemm"]
+    if len(cores) != 1:
+        raise ex.error(f"template 'gemm_epilogue' needs exactly one MatMul or Gemm node, found {len(cores)}")
+    out_shape = g.type_of(cores[0].outputs[0]).shape
+    batch_lines, bidx = _batch(out_shape)
+    seg = _segment(ex, names, cores[0], list(ex.group.outputs), bidx)
+    m, n, k = (int(seg[key]) for key in ("m", "n", "k"))  # type: ignore[call-overload]
     bm, bn, bk = _tile(m, 64), _tile(n, 64), _tile(k, 32)
-    return dict(template="gemm_epilogue.py.j2", summary=c_comment_text(f"{core.op} {core.name}: {list(out_t.shape)}, K={k}"),
-                batch_lines=batch_lines, k=k, m=m, n=n, a_ptr=names(a), b_ptr=names(bt), a_off=a_off, b_off=b_off,
-                body=ex.lines, stores=stores, grid=[max(1, math.prod(batch)), -(-m // bm), -(-n // bn)],
+    return dict(template="gemm_epilogue.py.j2", batch_lines=batch_lines, **seg,
+                grid=[max(1, math.prod(out_shape[:-2])), -(-m // bm), -(-n // bn)],
+                meta=[("BM", bm), ("BN", bn), ("BK", bk)])
+
+
+def _made_from(ex: Exprs, tensor: str, source: str) -> bool:
+    """Whether ``tensor`` is ``source`` or computed from it inside the group."""
+    if tensor == source:
+        return True
+    node = ex.graph.producers.get(tensor)
+    return node is not None and node.name in ex.group.nodes and any(
+        _made_from(ex, t, source) for t in node.inputs if t)
+
+
+def render_horizontal(ex: Exprs, names: NameTable) -> dict[str, object]:
+    """Products that share their input A, one launch: the column tiles of every product in one grid
+    axis, each program computing the product its tile falls in (with that product's epilogue)."""
+    g = ex.graph
+    cores = [g.node_by_name[n] for n in ex.group.nodes if ex.registry[g.node_by_name[n].op].core == "gemm"]
+    shapes = [g.type_of(c.outputs[0]).shape for c in cores]
+    if len(cores) < 2 or len({s[:-1] for s in shapes}) != 1:
+        raise ex.error("template 'horizontal_gemm' needs two or more products with the same rows and batch")
+    batch_lines, bidx = _batch(shapes[0])
+    owners = {t: [c for c in cores if _made_from(ex, t, c.outputs[0])] for t in ex.group.outputs}
+    for t, found in owners.items():
+        if len(found) != 1:
+            raise ex.error(f"output {t!r} is computed from {len(found)} of the products, not one")
+    m = shapes[0][-2]
+    k_max = max(g.type_of(c.inputs[0]).shape[-1] for c in cores)
+    bm, bn, bk = _tile(m, 64), _tile(max(s[-1] for s in shapes), 64), _tile(k_max, 32)
+    segments, start = [], 0
+    for core, shape in zip(cores, shapes):
+        seg = _segment(ex, names, core, [t for t, found in owners.items() if found[0] is core], bidx)
+        tiles = -(-shape[-1] // bn)
+        segments.append(dict(seg, start=start, end=start + tiles))
+        start += tiles
+    return dict(template="horizontal_gemm.py.j2", batch_lines=batch_lines, segments=segments,
+                grid=[max(1, math.prod(shapes[0][:-2])), -(-m // bm), start],
                 meta=[("BM", bm), ("BN", bn), ("BK", bk)])

@@ -1,4 +1,5 @@
-"""Row-wise reductions for Triton: ReduceSum/Mean/Max/Min, Softmax, LogSoftmax, LayerNormalization.
+"""Row-wise reductions for Triton: ReduceSum/Mean/Max/Min, Softmax, LogSoftmax, LayerNormalization,
+GlobalAveragePool and GlobalMaxPool (a mean or max over the spatial axes).
 
 One program per row (the axes not reduced); one block covers the reduced axes. The reduction's
 input is computed inline (the pointwise prologue), the statistics with ``tl.sum``/``tl.max``, and
@@ -17,6 +18,7 @@ from autofusion.codegen.triton.tindex import Index
 from autofusion.graph.graph import Node
 
 REDUCE_STATS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min"}
+GLOBAL_POOLS = {"GlobalAveragePool": "mean", "GlobalMaxPool": "max"}  # reductions over the spatial axes
 ROW_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})
 MAX_BLOCK = 1 << 14  # one block per row: longer rows would need a loop over blocks
 
@@ -25,7 +27,7 @@ def find_reduction(ex: Exprs) -> Node | None:
     """The group's one reduction node (None when there is none); two are a CodegenError."""
     found = [ex.graph.node_by_name[n] for n in ex.group.nodes
              if (ex.graph.node_by_name[n].op in REDUCE_STATS and not is_identity_reduce(ex.graph, ex.graph.node_by_name[n]))
-             or ex.graph.node_by_name[n].op in ROW_OPS]
+             or ex.graph.node_by_name[n].op in ROW_OPS or ex.graph.node_by_name[n].op in GLOBAL_POOLS]
     if len(found) > 1:
         raise ex.error(f"{len(found)} reductions in one group; the Triton backend renders one per kernel")
     return found[0] if found else None
@@ -35,6 +37,8 @@ def _axes(ex: Exprs, node: Node) -> tuple[int, ...]:
     rank = ex.graph.type_of(node.inputs[0]).rank
     if node.op in REDUCE_STATS:
         return _axes_of(ex.graph, node, rank) or tuple(range(rank))
+    if node.op in GLOBAL_POOLS:
+        return tuple(range(2, rank))
     axis = int(node.attr("axis", -1)) % rank
     return tuple(range(axis, rank)) if node.op == "LayerNormalization" else (axis,)
 
@@ -105,8 +109,8 @@ def _statistics(ex: Exprs, node: Node, full: Index, length: int) -> list[str]:
     if not ex.graph.type_of(node.inputs[0]).dtype.is_float:
         raise ex.error("the Triton backend reduces float tensors only", node)
     b = ex.bind
-    if node.op in REDUCE_STATS:
-        stat = REDUCE_STATS[node.op]
+    if node.op in REDUCE_STATS or node.op in GLOBAL_POOLS:
+        stat = REDUCE_STATS.get(node.op) or GLOBAL_POOLS[node.op]
         if stat in ("sum", "mean"):
             s = b(f"tl.sum(tl.where(mask, {xv}, 0.0), axis=0)")
             return [b(f"{s} / {length}") if stat == "mean" else s]

@@ -1,5 +1,6 @@
 """From a fused group to a Triton kernel module: the group's kind names the renderer (the built-in
-kinds with one here: pointwise, reduction, multi_output and gemm_epilogue).
+kinds with one here: pointwise, reduction, multi_output, gemm_epilogue, horizontal_gemm,
+conv_epilogue and opaque matrix products and convolutions).
 
 Each kernel is one Python module rendered from ``templates/triton``: a ``@triton.jit`` function and
 a ``launch`` function holding its (static) grid. Inputs and outputs are contiguous tensors.
@@ -15,6 +16,7 @@ from autofusion.codegen.triton import reduce as red
 from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.gemm import render_gemm
+from autofusion.codegen.triton.gemm import render_horizontal as render_horizontal_gemm
 from autofusion.codegen.triton.templates import TritonTemplates
 from autofusion.codegen.triton.text import py_comment, py_ident
 from autofusion.decide.plan import FusedGroup
@@ -78,6 +80,29 @@ def render_loop_nest(ex: Exprs, names: NameTable) -> dict[str, object]:
 
 def render_gemm_epilogue(ex: Exprs, names: NameTable) -> dict[str, object]:
     return render_gemm(ex, names)
+
+
+def render_conv(ex: Exprs, names: NameTable) -> dict[str, object]:
+    """conv_epilogue groups: an implicit GEMM over the input's taps, the epilogue on the tile."""
+    from autofusion.codegen.triton.conv import render_conv as render
+
+    return render(ex, names)
+
+
+def render_horizontal(ex: Exprs, names: NameTable) -> dict[str, object]:
+    """horizontal_gemm groups: the products sharing an input, each column tile its segment's, one launch."""
+    return render_horizontal_gemm(ex, names)
+
+
+def render_opaque(ex: Exprs, names: NameTable) -> dict[str, object]:
+    """A group of one opaque op: a matrix product or convolution renders as its kernel (no epilogue)."""
+    node = ex.graph.node_by_name[ex.group.nodes[0]]
+    core = ex.registry[node.op].core
+    if core == "gemm":
+        return render_gemm(ex, names)
+    if core == "conv":
+        return render_conv(ex, names)
+    raise ex.error(f"op {node.op} has no Triton kernel", node)
 
 
 def _render_pointwise(ex: Exprs, names: NameTable) -> dict[str, object]:

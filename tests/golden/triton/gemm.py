@@ -15,14 +15,16 @@ def k_g0(t_a, t_const_1, t_const_2, t_relu_5_out, BM: tl.constexpr, BN: tl.const
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, 24, BK):
         kk = k0 + rk
-        a = tl.load(t_a + b0 * 480 + rm[:, None] * 24 + kk[None, :] * 1, mask=(rm[:, None] < 20) & (kk[None, :] < 24), other=0.0)
-        b = tl.load(t_const_1 + kk[:, None] * 18 + rn[None, :] * 1, mask=(kk[:, None] < 24) & (rn[None, :] < 18), other=0.0)
-        acc += tl.dot(a, b, input_precision="ieee")
+        amask = (rm[:, None] < 20) & (kk[None, :] < 24)
+        bmask = (kk[:, None] < 24) & (rn[None, :] < 18)
+        v1 = tl.load(t_a + b0 * 480 + (rm[:, None]) * 24 + kk[None, :], mask=amask, other=0)
+        v2 = tl.load(t_const_1 + (kk[:, None]) * 18 + rn[None, :], mask=bmask, other=0)
+        acc += tl.dot(v1, v2, input_precision="ieee")
     mask = (rm[:, None] < 20) & (rn[None, :] < 18)
-    v1 = tl.load(t_const_2 + rn[None, :], mask=mask, other=0)
-    v2 = acc + v1
-    v3 = tl.where(v2 < 0.0, 0.0, v2)
-    tl.store(t_relu_5_out + b0 * 360 + rm[:, None] * 18 + rn[None, :], v3, mask=mask)
+    v3 = tl.load(t_const_2 + rn[None, :], mask=mask, other=0)
+    v4 = acc + v3
+    v5 = tl.where(v4 < 0.0, 0.0, v4)
+    tl.store(t_relu_5_out + b0 * 360 + rm[:, None] * 18 + rn[None, :], v5, mask=mask)
 
 
 def launch(t_a, t_const_1, t_const_2, t_relu_5_out):
