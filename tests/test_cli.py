@@ -169,7 +169,7 @@ def test_bad_input_exits_2_with_one_message(capsys: pytest.CaptureFixture[str], 
 
 
 @pytest.mark.parametrize("argv", [("run",), ("run", "bert-tiny", "--batch", "0"), ("run", "bert-tiny", "--backend",
-                                                                                    "triton"), ("frobnicate",)])
+                                                                                    "tpu"), ("frobnicate",)])
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]) -> None:
     code, out, err = cli(capsys, *argv)
     assert code == 2 and "usage:" in err and "Traceback" not in err
@@ -229,3 +229,5 @@ def test_run_with_the_triton_backend_matches_the_reference(capsys: pytest.Captur
     with np.load(tmp_path / "t.npz") as got, np.load(tmp_path / "r.npz") as want:
         for key in want.files:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    code, _, err = cli(capsys, "run", "gpt2-tiny", "--backend", "triton", "--no-tune")
+    assert code == 2 and "no tuner" in err

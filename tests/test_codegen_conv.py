@@ -8,6 +8,7 @@ import tempfile
 import numpy as np
 import pytest
 
+from autofusion.codegen.conv import TAPS_MIN_BLOCK, taps_block
 from autofusion.codegen.cores import CoreChooser
 from autofusion.codegen.gemm import PACKED_MIN_COLUMNS
 from autofusion.decide import build_groups
@@ -335,6 +336,23 @@ TAPS_CASES = {
 }
 
 
+@pytest.mark.parametrize("x_shape,pads,strides", [
+    ((1, 8, 1, 9, 9), (1, 1, 1, 1, 1, 1), (3, 1, 1)),  # one output plane, its tap in the depth padding
+    ((1, 8, 3, 9, 9), (1, 1, 1, 1, 1, 1), (3, 1, 1)),  # one output plane from the input's first
+    ((1, 8, 9, 3), (1, 1, 1, 1), (1, 1)),  # rows of 3: too few for a row block of the taps kernel
+])
+def test_convolutions_the_taps_form_does_not_take(x_shape: tuple[int, ...], pads: tuple[int, ...],
+                                                  strides: tuple[int, ...]) -> None:
+    """A depth-padded 3-D convolution with one output plane reads its plane from the padding (the
+    slab holds the input's plane 0: the taps form refuses it), and rows too narrow for a row block
+    of the taps kernel go to im2col; both against the reference with the default choice."""
+    b = GraphBuilder("not_taps")
+    w = f32(16, x_shape[1], *((1, 3, 3) if len(x_shape) == 5 else (3, 3)))
+    g = b.build([b.op("Conv", b.input("x", x_shape), b.const(w), b.const(f32(16)), pads=pads, strides=strides)])
+    code = check(g, {"x": f32(*x_shape)})
+    assert "af_sgemm_packed_taps(" not in code
+
+
 @pytest.mark.parametrize("impl", ["taps", "packed", "blas"])
 @pytest.mark.parametrize("case", sorted(TAPS_CASES))
 def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
@@ -364,8 +382,10 @@ def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
     report = compare_outputs(run_graph(g, feeds), model.run(feeds))
     assert report.ok, report.summary()
     code = "\n".join(k.code for k in model.source.kernels)
-    assert ("af_sgemm_packed_taps(" in code) == (impl == "taps")
-    assert ("im2col of the block" in code) == (impl != "taps")
+    # rows too narrow for the micro-kernel's row blocks (7 wide with AVX2's 6-row kernel) take im2col
+    taps = impl == "taps" and taps_block(out_shape[-1], model.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
+    assert ("af_sgemm_packed_taps(" in code) == taps
+    assert ("im2col of the block" in code) == (not taps)
 
 
 def test_taps_are_the_default_for_stride1_and_stride2() -> None:
@@ -475,3 +495,13 @@ def test_tap_slab_splits_a_strided_input_into_the_phases_its_taps_read() -> None
     assert dilated.col_phases == (0,) and dilated.offsets[4] == (0, 1, 1) and dilated.width == 11
     stride1 = tap_slab(8, 4, 56, (3, 3), (1, 1), (1, 1))  # stride 1: the padded rows, one plane
     assert (stride1.rows, stride1.width, len(stride1.offsets)) == (6, 58, 9)
+
+
+def test_taps_row_blocks_by_instruction_set() -> None:
+    """Rows are cut into blocks of at most the micro-kernel's rows, as even as they go: a 7-wide row
+    is one block of 7 with AVX-512's 12 rows, 4 + 3 with AVX2's 6 (too few for taps)."""
+    from autofusion.codegen.conv import TAPS_MIN_BLOCK, taps_block
+
+    assert [taps_block(w, 12) for w in (7, 14, 28, 56, 112)] == [7, 7, 9, 11, 11]
+    assert [taps_block(w, 6) for w in (7, 14, 28, 56)] == [3, 4, 5, 5]
+    assert taps_block(7, 6) < TAPS_MIN_BLOCK <= taps_block(7, 12)

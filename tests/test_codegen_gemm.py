@@ -391,3 +391,44 @@ def test_several_products_packed_per_call_in_one_kernel() -> None:
     outs = [b.op("MatMul", x, b.const(f32(2, 32, 24))) for _ in range(3)]
     code = check(b.build(outs), {"x": f32(2, 16, 32)}, template="horizontal_gemm")
     assert code.count("af_pack_panels(") == 3 and "packed_key2" in code
+
+
+TAPS_ENTRY = """void run(int rows, int ow, int pitch, int n, int k, int kc, float alpha, const float* a,
+                           const int32_t* offs, const float* w, float* c, int ldc) {
+    af_sgemm_packed_taps(rows, ow, pitch, n, k, kc, alpha, a, offs, w, c, ldc);
+}"""
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
+def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) -> None:
+    """af_sgemm_packed_taps for each instruction set against numpy: A's element (r, p) of output row
+    y, position x at a[y * pitch + x + offs[p]] (offsets of a 3-row, 3-column window over rows of
+    ``pitch``), every row width around the row blocks of 6 and 12 (1..14, 25, 56), K in passes, the
+    compact output at ldc, columns past n untouched."""
+    import ctypes
+
+    from autofusion.codegen.gemm import pack_weights
+
+    run = _af_sgemm_library(tmp_path, TAPS_ENTRY, isa)
+    if run is None:
+        return  # compiled; this CPU cannot run it
+    ptr, i32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int
+    run.argtypes = [i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr, ctypes.POINTER(ctypes.c_int32), ptr, ptr,
+                    i32]
+    for ow, rows, n, kc in ((1, 3, 5, 1024), (5, 2, 33, 128), (6, 2, 32, 1024), (7, 3, 17, 128),
+                            (11, 1, 40, 1024), (12, 2, 8, 128), (13, 2, 64, 1024), (14, 3, 31, 128),
+                            (25, 2, 70, 1024), (56, 1, 16, 128)):
+        pitch, channels = ow + 2, 17
+        plane = (rows + 2) * pitch
+        slab = f32(channels * plane)
+        offs = np.array([ch * plane + dy * pitch + dx for ch in range(channels) for dy in range(3) for dx in range(3)],
+                        np.int32)
+        k = len(offs)  # 153: two passes of 128
+        w = f32(k, n)
+        a = np.stack([slab[y * pitch + x + offs] for y in range(rows) for x in range(ow)])  # [rows * ow, k]
+        c = np.full((rows * ow, n + 3), np.nan, np.float32)
+        packed = pack_weights(w)  # held: the call reads it
+        run(rows, ow, pitch, n, k, kc, 0.5, slab.ctypes.data_as(ptr), offs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            packed.ctypes.data_as(ptr), c.ctypes.data_as(ptr), n + 3)
+        np.testing.assert_allclose(c[:, :n], 0.5 * a @ w, rtol=1e-4, atol=1e-4, err_msg=f"ow={ow} rows={rows} n={n}")
+        assert np.isnan(c[:, n:]).all()

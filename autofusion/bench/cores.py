@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.bench.timing import PAUSE_SECONDS
+from autofusion.bench.timing import RUNNER_PAUSE_SECONDS
 from autofusion.codegen.cores import CoreChoice, CoreSpec, FixedChooser, Machine
 from autofusion.decide import unfused_plan
 from autofusion.runtime.tuning import core_graph
@@ -151,7 +151,7 @@ def measure_cores(cores: list[tuple[CoreSpec, CoreChoice, int]], machine: Machin
         order = list(calls)
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
-                time.sleep(PAUSE_SECONDS)
+                time.sleep(RUNNER_PAUSE_SECONDS)
                 _timed(calls[name], WAKE_RUNS)  # threads that slept through the pause wake up untimed
                 samples[name] += _timed(calls[name], block[name])
         result.times_ms = {name: statistics.median(s) * 1e3 for name, s in samples.items()}

@@ -13,11 +13,11 @@ K = TypeVar("K", bound=Hashable)
 # between runners: long enough for the last runner's spinning pools to stop (numpy's OpenBLAS spun
 # for under 10 ms here, and made the next runner's first calls 3x slower), short enough that the
 # vCPUs stay awake
-PAUSE_SECONDS = 0.05
+RUNNER_PAUSE_SECONDS = 0.05
 
 
 def round_robin_medians(runners: Mapping[K, Callable[[], object]], rounds: int,
-                        min_seconds: float, pause_seconds: float = PAUSE_SECONDS) -> dict[K, float]:
+                        min_seconds: float, pause_seconds: float = RUNNER_PAUSE_SECONDS) -> dict[K, float]:
     """Seconds per call of each runner: every round runs each one for at least ``min_seconds``, in
     turn, so that drift on a shared machine touches all alike; the median of the rounds. Before its
     timed calls, each runner waits ``pause_seconds`` and makes one untimed call (its threads wake

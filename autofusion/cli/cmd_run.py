@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "reference":
         outputs = run_graph(graph, feeds)
     elif args.backend == "triton":
+        if args.tune is not None:
+            raise CliError("--no-tune chooses the C backends' cores; the Triton backend has no tuner yet")
         outputs, start, triton = _run_triton(graph, feeds)
     else:
         outputs, start, profile = _run_compiled(args, graph, feeds)
@@ -200,17 +202,18 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
 
 
 def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, float, dict[str, Any]]:
-    """Outputs of the fused plan's Triton kernels, on the CUDA device or, without one, under Triton's
-    interpreter (set before triton is imported); the start time excludes optimisation and loading."""
+    """Outputs of the fused plan's Triton kernels, on the CUDA device or, without one (or with
+    $TRITON_INTERPRET set), under Triton's interpreter on the CPU; the start time follows a first call
+    (which compiles the kernels), as the C backends' follows their compile."""
     import os
 
     try:
         import torch
     except ImportError:
         raise CliError("--backend triton needs torch and triton: pip install 'autofusion[gpu]'") from None
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not torch.cuda.is_available()
+    if interpreted:
+        os.environ["TRITON_INTERPRET"] = "1"  # read when triton is first imported
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -218,11 +221,18 @@ def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, fl
     from autofusion.api import optimize
     from autofusion.runtime.triton_runner import TritonModel
 
-    model = TritonModel(optimize(graph), device=device)
+    device = "cpu" if interpreted else "cuda"
+    try:
+        model = TritonModel(optimize(graph), device=device)
+        model(feeds)
+    except Exception as e:  # a kernel Triton cannot compile on this device: its own message, no traceback
+        if not type(e).__module__.startswith("triton"):
+            raise
+        raise CliError(f"Triton could not compile a kernel: {type(e).__name__}: {str(e).strip()[:500]}") from None
     start = time.perf_counter()
     outputs = model(feeds)
     host = {k: v for k, v in model.fallbacks.items() if v != "view"}
-    return outputs, start, {"device": device if device == "cuda" else "cpu (Triton's interpreter)",
+    return outputs, start, {"device": "cpu (Triton's interpreter)" if interpreted else torch.cuda.get_device_name(),
                             "kernels": len(model.kernels), "split": dict(model.split), "host": host}
 
 

@@ -58,6 +58,16 @@ POOL_TILE_P = 512
 MAX_POOL_RECOMPUTE = 1.5  # blocks may compute at most this many convolution rows per output row
 
 
+# taps cut each output row into row blocks of the micro-kernel (af_sgemm_packed_taps); a block of
+# fewer rows has too few accumulators to cover the FMA latency (the AVX2 kernel's 7-wide rows: 4 + 3,
+# 2.0x OpenBLAS at 7 x 7), and such rows go to im2col, whose blocks span rows
+TAPS_MIN_BLOCK = 4
+
+
+def taps_block(width: int, block_rows: int) -> int:
+    """The smallest row block af_sgemm_packed_taps cuts a row of ``width`` positions into."""
+    return width // -(-width // block_rows)
+
 # the window's numbers the template reads (see _Conv._geometry)
 _TEMPLATE_GEOMETRY = ("groups", "mg", "kc", "im2col", "channels", "cg", "in_size", "taps", "kd", "kh", "kw", "p",
                       "id", "ih", "iw", "od", "oh", "ow", "sd", "sh", "sw", "dd", "dh", "dw", "pd", "ph", "pw")
@@ -178,9 +188,10 @@ class _Conv:
         packable = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
         geometry = (tuple(geo["xs"]), tuple(geo["ws"]), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
                     tuple(win.dilations), (geo["groups"],))
-        # one plane (no depth, no negative pads, which crop): split into its stride phases, the padded
+        # one plane (no depth, no depth padding, no negative pads, which crop): split into its stride phases, the padded
         # input makes output positions an affine walk for every tap, so the taps can be read in place
-        direct_ok = (packable and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1
+        direct_ok = (packable and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1 and geo["pd"] == 0
+                     and taps_block(geo["ow"], self.k.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=geo["n_img"] * geo["groups"],

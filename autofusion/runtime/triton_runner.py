@@ -31,7 +31,7 @@ from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import TritonKernel, render_triton_group
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.graph.graph import Graph
-from autofusion.ir.interpreter import check_feeds
+from autofusion.ir.interpreter import InterpreterError, check_feeds
 from autofusion.ops.registry import OpRegistry
 
 _INTERPRETER_LOCK = threading.Lock()  # the interpreter's patching of triton.language is process-wide
@@ -52,16 +52,19 @@ class _Step:
 
 
 def per_op_groups(graph: Graph, group: FusedGroup, registry: OpRegistry) -> list[FusedGroup]:
-    """``group`` as groups of one op each (one per output of a multi-output op, as Split's parts
-    differ in size), in the group's order: what runs on the device when the group as a whole has
-    no Triton kernel."""
+    """``group`` as groups of one op each, in the group's order: what runs on the device when the
+    group as a whole has no Triton kernel. A multi-output op gives one group per output something
+    reads (Split's parts differ in size; an unread output is not computed)."""
+    wanted = set(group.outputs) | {t for n in group.nodes for t in graph.node_by_name[n].inputs}
     out: list[FusedGroup] = []
     for name in group.nodes:
         node = graph.node_by_name[name]
         inputs = tuple(dict.fromkeys(t for t in node.inputs if t))
-        for t in (o for o in node.outputs if o):
-            out.append(FusedGroup(f"{group.name}_op{len(out)}", (name,), inputs, (t,),
-                                  "opaque" if registry[node.op].core else "pointwise"))
+        op_class = registry[node.op].op_class
+        template = "opaque" if registry[node.op].core else "reduction" if op_class == "reduction" else "pointwise"
+        outputs = [o for o in node.outputs if o and o in wanted] or [o for o in node.outputs if o][:1]
+        out += [FusedGroup(f"{group.name}_op{len(out) + i}", (name,), inputs, (t,), template)
+                for i, t in enumerate(outputs)]
     return out
 
 
@@ -70,7 +73,7 @@ class TritonModel:
 
     def __init__(self, plan: Plan, fallback: bool = True, device: str = "cpu",
                  registry: OpRegistry | None = None, directory: Path | None = None) -> None:
-        import torch  # noqa: F401  (fails early with ImportError when the gpu extra is missing)
+        import torch  # fails early with ImportError when the gpu extra is missing
 
         self.plan, self.device = plan, device
         self.registry = registry or plan.registry
@@ -87,19 +90,30 @@ class TritonModel:
                 if not fallback:
                     raise
                 split[group.name] = str(e)
-                steps += [self._step_or_reference(part) for part in per_op_groups(plan.graph, group, self.registry)]
+                steps += self._per_op_steps(group)
         self.steps = tuple(steps)
         self.split = MappingProxyType(split)  # groups run as one kernel per op, with the reason
+        # weights go to the device once, not on every call
+        self._weights = {k: torch.from_numpy(np.array(c.array)).to(device) for k, c in plan.graph.constants.items()}
 
     def _step(self, group: FusedGroup) -> _Step:
         kernel = render_triton_group(self.plan.graph, group, registry=self.registry, kinds=self.plan.kinds)
         return _Step(group, kernel, self._load(kernel).launch)
 
-    def _step_or_reference(self, group: FusedGroup) -> _Step:
-        try:
-            return self._step(group)
-        except CodegenError as e:
-            return _Step(group, None, reason=str(e))
+    def _per_op_steps(self, group: FusedGroup) -> list[_Step]:
+        """One kernel per op (and output); an op with no Triton kernel runs once, on the host."""
+        steps: list[_Step] = []
+        on_host: set[str] = set()
+        for part in per_op_groups(self.plan.graph, group, self.registry):
+            node = part.nodes[0]
+            if node in on_host:
+                continue
+            try:
+                steps.append(self._step(part))
+            except CodegenError as e:
+                on_host.add(node)
+                steps.append(_Step(part, None, reason=str(e)))  # the reference computes all its outputs
+        return steps
 
     @property
     def kernels(self) -> tuple[TritonKernel, ...]:
@@ -124,13 +138,32 @@ class TritonModel:
         with _launch_guard():
             return self._run(feeds)
 
+    def run_device(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """The outputs as tensors on the device, from feeds given as tensors (moved to the device
+        if they are elsewhere): no copy through the host, as a caller timing the kernels wants."""
+        graph = self.plan.graph
+        for name in graph.inputs:  # what check_feeds checks of arrays
+            if name not in feeds:
+                raise InterpreterError(f"missing input {name!r}")
+            want, got = graph.types[name], feeds[name]
+            if tuple(got.shape) != want.shape or str(got.dtype) != f"torch.{want.dtype.value}":
+                raise InterpreterError(f"input {name!r}: {got.dtype} {tuple(got.shape)}, graph expects "
+                                       f"{want.dtype} {want.shape}")
+        with _launch_guard():
+            return self._run_tensors({k: feeds[k].to(self.device) for k in graph.inputs})
+
     def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
+        arrays = check_feeds(self.plan.graph, feeds)
+        outputs = self._run_tensors({k: torch.from_numpy(np.array(v)).to(self.device) for k, v in arrays.items()})
+        return {o: t.cpu().numpy() for o, t in outputs.items()}
+
+    def _run_tensors(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        import torch
+
         graph = self.plan.graph
-        env: dict[str, Any] = {k: torch.from_numpy(np.array(c.array)).to(self.device)
-                               for k, c in graph.constants.items()}
-        env.update({k: torch.from_numpy(np.array(v)).to(self.device) for k, v in check_feeds(graph, feeds).items()})
+        env: dict[str, Any] = {**self._weights, **feeds}
         for step in self.steps:
             if step.kernel is None:
                 self._run_reference(step.group, env)
@@ -139,7 +172,7 @@ class TritonModel:
                 tt = graph.type_of(t)
                 env[t] = torch.empty(tt.shape, dtype=getattr(torch, tt.dtype.value), device=self.device)
             step.launch(*(env[t].contiguous() for t in step.kernel.params))
-        return {o: env[o].cpu().numpy() for o in graph.outputs}
+        return {o: env[o] for o in graph.outputs}
 
     def _run_reference(self, group: FusedGroup, env: dict[str, Any]) -> None:
         import torch

@@ -141,7 +141,7 @@ class Exprs:
 
     def _batchnorm(self, node: Node, pos: int, idx: Index) -> str:
         """Inference BatchNormalization: elementwise with the parameters of channel ``idx[1]``."""
-        if pos != 0 or (len(node.outputs) > 1 and any(node.outputs[1:])):
+        if pos != 0:
             raise self.error("BatchNormalization's running statistics outputs are not supported", node)
         if not self.graph.type_of(node.outputs[0]).dtype.is_float:
             raise self.error("BatchNormalization needs a float input", node)
@@ -155,10 +155,12 @@ class Exprs:
         from autofusion.ops.reorganize import _slices
 
         consts = [self.graph.const_value(t) if t else None for t in node.inputs]
+        if any(t and c is None for t, c in zip(node.inputs[1:], consts[1:])):
+            raise self.error("Slice bounds, axes and steps must be constants", node)
         starts, ends, axes, steps = (ref_input_or_attr(consts, node.attrs, i, name)
                                      for i, name in enumerate(("starts", "ends", "axes", "steps"), 1))
         if starts is None or ends is None:
-            raise self.error("Slice bounds must be constants", node)
+            raise self.error("Slice needs its starts and ends", node)
         shape = self.graph.type_of(node.inputs[0]).shape
         src = []
         for e, n, sl in zip(idx, shape, _slices(shape, starts, ends, axes, steps)):
