@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from autofusion.codegen.errors import CodegenError
-from autofusion.decide.plan import ZERO_COST, FusedGroup, Plan
 from autofusion.graph.graph import Graph
 from autofusion.ir import run_graph
 from autofusion.ir.builder import GraphBuilder
@@ -20,30 +19,9 @@ torch = pytest.importorskip("torch", reason="the Triton backend needs torch (pip
 pytest.importorskip("triton", reason="the Triton backend needs triton (pip install autofusion[gpu])",
                     exc_type=ImportError)
 
+from triton_cases import check, feeds_for, one_group_plan  # noqa: E402
+
 from autofusion.runtime.triton_runner import TritonModel  # noqa: E402
-
-
-def one_group_plan(graph: Graph, template: str, name: str = "g0") -> Plan:
-    """A plan with every node of ``graph`` in one group."""
-    nodes = tuple(n.name for n in graph.nodes)
-    inputs = tuple(dict.fromkeys(graph.inputs + tuple(graph.constants)))
-    group = FusedGroup(name, nodes, inputs, graph.outputs, template)
-    return Plan(graph, (group,), ZERO_COST, ZERO_COST)
-
-
-def feeds_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {t: rng.standard_normal(graph.type_of(t).shape).astype(graph.type_of(t).dtype.numpy)
-            for t in graph.inputs}
-
-
-def check(plan: Plan, seed: int = 0) -> TritonModel:
-    model = TritonModel(plan, fallback=False)
-    feeds = feeds_for(plan.graph, seed)
-    got, want = model(feeds), run_graph(plan.graph, feeds)
-    for name, ref in want.items():
-        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
-    return model
 
 
 def _const(b: GraphBuilder, shape: tuple[int, ...], seed: int) -> str:
