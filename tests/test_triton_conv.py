@@ -177,3 +177,14 @@ def test_resnet_tiny_plan() -> None:
     got, want = model(feeds), run_graph(plan.graph, feeds)
     for name, ref in want.items():
         np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_a_pooling_op_alone_in_an_opaque_group_is_one_kernel(op: str) -> None:
+    """The plan may keep a pooling op as an opaque group of its own: it renders as a loop over its
+    output (as in a pointwise group), not one kernel per op."""
+    b = GraphBuilder("pool_alone")
+    x = b.input("x", (2, 3, 9, 11))
+    g = b.build([b.op(op, x, kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))])
+    model = check(one_group_plan(g, "opaque"))
+    assert len(model.kernels) == 1 and not model.split

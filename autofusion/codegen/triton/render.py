@@ -95,14 +95,15 @@ def render_horizontal(ex: Exprs, names: NameTable) -> dict[str, object]:
 
 
 def render_opaque(ex: Exprs, names: NameTable) -> dict[str, object]:
-    """A group of one opaque op: a matrix product or convolution renders as its kernel (no epilogue)."""
+    """A group of one opaque op: a matrix product or convolution renders as its kernel (no epilogue),
+    any other op (a pooling window, a Gather) as a loop over its output, where Exprs computes it."""
     node = ex.graph.node_by_name[ex.group.nodes[0]]
     core = ex.registry[node.op].core
     if core == "gemm":
         return render_gemm(ex, names)
     if core == "conv":
         return render_conv(ex, names)
-    raise ex.error(f"op {node.op} has no Triton kernel", node)
+    return render_loop_nest(ex, names)
 
 
 def _render_pointwise(ex: Exprs, names: NameTable) -> dict[str, object]:
