@@ -15,7 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.frontends.fx_nodes import Converter, Handler, arg, example_value, out_shape, shape_of
+from autofusion.frontends.fx_nodes import (
+    Converter,
+    Handler,
+    arg,
+    convert_identity,
+    convert_reshape,
+    convert_softmax,
+    example_value,
+    out_shape,
+    shape_of,
+)
 
 
 def _scalar(cv: Converter, value: float) -> str:
@@ -59,18 +69,6 @@ def _expand(cv: Converter, node: Any) -> str:
     return cv.b.op("Expand", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
 
 
-def _reshape(cv: Converter, node: Any) -> str:
-    return cv.b.op("Reshape", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
-
-
-def _identity(cv: Converter, node: Any) -> str:
-    return cv.tensor(node.args[0])
-
-
-def _softmax(cv: Converter, node: Any) -> str:
-    return cv.b.op("Softmax", cv.tensor(node.args[0]), axis=int(node.args[1]))
-
-
 def _normalized_axes(x: Any, normalized_shape: Any) -> list[int]:
     """The trailing axes of ``x`` a layer norm over ``normalized_shape`` normalises."""
     rank = len(shape_of(x))
@@ -85,11 +83,8 @@ def _native_layer_norm(cv: Converter, node: Any) -> str:
     weight, bias, eps = node.args[2], node.args[3], float(node.args[4])
     scale = cv.tensor(weight) if weight is not None else cv.b.const(np.ones(normalized, np.float32))
     shift = cv.tensor(bias) if bias is not None else cv.b.const(np.zeros(normalized, np.float32))
-    y = cv.b.op("LayerNormalization", x, scale, shift, axis=axes[0], epsilon=eps)
-    mean = cv.b.op("ReduceMean", x, _axes(cv, axes), keepdims=1)
-    centred = cv.b.op("Sub", x, mean)
-    var = cv.b.op("ReduceMean", cv.b.op("Mul", centred, centred), _axes(cv, axes), keepdims=1)
-    rstd = cv.b.op("Reciprocal", cv.b.op("Sqrt", cv.b.op("Add", var, _scalar(cv, eps))))
+    # LayerNormalization's Mean and InvStdDev outputs are the statistics it computes anyway
+    y, mean, rstd = cv.b.op_multi("LayerNormalization", [x, scale, shift], 3, axis=axes[0], epsilon=eps)
     cv.multi[node] = (y, mean, rstd)
     return y
 
@@ -105,9 +100,8 @@ def _native_layer_norm_backward(cv: Converter, node: Any) -> str:
     axes = _normalized_axes(node.args[1], node.args[2])
     dy, x = cv.tensor(node.args[0]), cv.tensor(node.args[1])
     mean, rstd = cv.tensor(node.args[3]), cv.tensor(node.args[4])
-    weight = node.args[5]
     xhat = cv.b.op("Mul", cv.b.op("Sub", x, mean), rstd)
-    g = cv.b.op("Mul", dy, cv.tensor(weight)) if weight is not None else dy
+    g = cv.b.op("Mul", dy, cv.tensor(node.args[5]))  # the weight (_native_layer_norm_backward_ok)
     mean_g = cv.b.op("ReduceMean", g, _axes(cv, axes), keepdims=1)
     mean_gx = cv.b.op("ReduceMean", cv.b.op("Mul", g, xhat), _axes(cv, axes), keepdims=1)
     dx = cv.b.op("Mul", rstd, cv.b.op("Sub", cv.b.op("Sub", g, mean_g), cv.b.op("Mul", xhat, mean_gx)))
@@ -122,8 +116,7 @@ def _native_layer_norm_backward(cv: Converter, node: Any) -> str:
 
 
 def _native_layer_norm_backward_ok(node: Any) -> bool:
-    mask = node.args[7] if len(node.args) > 7 else None
-    return (len(node.args) == 8 and all(isinstance(d, int) for d in node.args[2]) and list(mask or []) == [True] * 3
+    return (len(node.args) == 8 and all(isinstance(d, int) for d in node.args[2]) and list(node.args[7]) == [True] * 3
             and node.args[5] is not None and node.args[6] is not None)
 
 
@@ -155,7 +148,7 @@ def _batch_norm_training(cv: Converter, node: Any) -> str:
     mean_c, var_c, rstd_c = (cv.b.op("Reshape", t, flat) for t in (mean, var, rstd))
     keep = _scalar(cv, 1.0 - momentum)
     new_mean = cv.b.op("Add", cv.b.op("Mul", cv.tensor(r_mean), keep), cv.b.op("Mul", mean_c, _scalar(cv, momentum)))
-    unbiased = momentum * count / max(count - 1, 1)
+    unbiased = momentum * count / (count - 1)  # count > 1: _batch_norm_training_ok
     new_var = cv.b.op("Add", cv.b.op("Mul", cv.tensor(r_var), keep), cv.b.op("Mul", var_c, _scalar(cv, unbiased)))
     cv.multi[node] = (y, mean_c, rstd_c, new_mean, new_var)
     return y
@@ -182,7 +175,7 @@ def _batch_norm_backward(cv: Converter, node: Any) -> str:
     inv = _scalar(cv, 1.0 / count)
     centred = cv.b.op("Sub", cv.b.op("Sub", dy, cv.b.op("Mul", _per_channel(cv, dbias, rank), inv)),
                       cv.b.op("Mul", xhat, cv.b.op("Mul", _per_channel(cv, dweight, rank), inv)))
-    scale = cv.b.op("Mul", rstd, _per_channel(cv, cv.tensor(weight), rank)) if weight is not None else rstd
+    scale = cv.b.op("Mul", rstd, _per_channel(cv, cv.tensor(weight), rank))  # weight: _batch_norm_backward_ok
     dx = cv.b.op("Mul", centred, scale)
     cv.multi[node] = (dx, dweight, dbias)
     return dx
@@ -253,10 +246,10 @@ def _convolution_ok(node: Any) -> bool:
 
 HANDLERS: Mapping[str, Handler] = {
     "expand": _expand,
-    "clone": _identity,
-    "detach": _identity,
-    "_unsafe_view": _reshape,
-    "_softmax": _softmax,
+    "clone": convert_identity,
+    "detach": convert_identity,
+    "_unsafe_view": convert_reshape,
+    "_softmax": convert_softmax,
     "sum": _reduce("ReduceSum"),
     "mean": _reduce("ReduceMean"),
     "native_layer_norm": _native_layer_norm,

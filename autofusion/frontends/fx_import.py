@@ -22,6 +22,9 @@ from autofusion.frontends.fx_nodes import (
     FxConversionError,
     Handler,
     arg,
+    convert_identity,
+    convert_reshape,
+    convert_softmax,
     example_value,
     is_module_state,
     out_shape,
@@ -195,11 +198,6 @@ def _binary(op: str) -> Handler:
     return lambda cv, node: cv.b.op(op, cv.tensor(arg(node, 0, "input")), cv.tensor(arg(node, 1, "other")))
 
 
-def _reshape(cv: Converter, node: Any) -> str:
-    shape = np.asarray(out_shape(node), np.int64)
-    return cv.b.op("Reshape", cv.tensor(node.args[0]), cv.b.const(shape))
-
-
 def _permute(cv: Converter, node: Any) -> str:
     rest = node.args[1:]
     dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
@@ -293,16 +291,8 @@ def _adaptive_avg_pool_ok(node: Any) -> bool:
     return size == 1 or (isinstance(size, (tuple, list)) and all(s == 1 for s in size))
 
 
-def _softmax(cv: Converter, node: Any) -> str:
-    return cv.b.op("Softmax", cv.tensor(node.args[0]), axis=int(arg(node, 1, "dim")))
-
-
 def _gelu(cv: Converter, node: Any) -> str:
     return cv.b.op("Gelu", cv.tensor(node.args[0]), approximate=str(node.kwargs.get("approximate", "none")))
-
-
-def _identity(cv: Converter, node: Any) -> str:
-    return cv.tensor(node.args[0])
 
 
 def _dropout_ok(node: Any) -> bool:
@@ -498,19 +488,19 @@ HANDLERS: Mapping[str, Handler] = {
     "matmul": _binary("MatMul"),
     "bmm": _binary("MatMul"),
     "mm": _binary("MatMul"),
-    "softmax": _softmax,
+    "softmax": convert_softmax,
     "layer_norm": _layer_norm,
     "batch_norm": _batch_norm,
     "max_pool2d": _max_pool2d,
     "adaptive_avg_pool2d": _unary("GlobalAveragePool"),
-    "flatten": _reshape,
-    "view": _reshape,
-    "reshape": _reshape,
+    "flatten": convert_reshape,
+    "view": convert_reshape,
+    "reshape": convert_reshape,
     "permute": _permute,
     "transpose": _transpose,
     "t": _t,
-    "contiguous": _identity,
-    "dropout": _identity,
+    "contiguous": convert_identity,
+    "dropout": convert_identity,
     **fx_aten.HANDLERS,  # the ops of training graphs (aot_autograd)
 }
 

@@ -142,3 +142,20 @@ def out_shape(node: Any) -> tuple[int, ...]:
 
 def shape_of(arg: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in example_value(arg).shape)
+
+
+# converters the module-level (fx_import) and aten (fx_aten) tables share
+
+
+def convert_reshape(cv: Converter, node: Any) -> str:
+    """Any reshaping view (view, reshape, flatten, aten's _unsafe_view): its result's static shape."""
+    return cv.b.op("Reshape", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
+
+
+def convert_identity(cv: Converter, node: Any) -> str:
+    """An op that returns its input's values (contiguous, inference dropout, clone, detach)."""
+    return cv.tensor(node.args[0])
+
+
+def convert_softmax(cv: Converter, node: Any) -> str:
+    return cv.b.op("Softmax", cv.tensor(node.args[0]), axis=int(arg(node, 1, "dim")))
