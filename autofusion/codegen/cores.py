@@ -35,7 +35,6 @@ PANEL_ROW_BYTES = 32 * 4  # one row of a packed panel (PACK_NR floats, codegen/g
 # output channel, its taps accumulated straight from the input (no product to hand a GEMM);
 # "repack": B is computed at run time (attention), packed per call into the same panels
 IMPLS = ("packed", "taps", "depthwise", "repack", "blas")
-REPACK_MIN_COLUMNS = 8  # narrower products would be mostly zero padding in a 32-column panel
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.codegen import index as ix
-from autofusion.codegen.cores import REPACK_MIN_COLUMNS, CoreSpec
+from autofusion.codegen.cores import CoreSpec
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
@@ -449,6 +449,10 @@ class _Gemm:
         for part in parts or [seg]:
             part_data.append(self._part(part, ldc, n_dim, offset, direct=not split and bool(seg.ybuf)))
             offset += part.n
+        # which row and column block tile t is: a B packed per call changes with the column block, so
+        # there the row blocks follow each other (columns first, a thread repacked on nearly every tile)
+        row_tile, col_tile = ((f"t % {tiles_m}", f"(t / {tiles_m}) % {tiles_n}") if seg.repack
+                              else (f"(t / {tiles_n}) % {tiles_m}", f"t % {tiles_n}"))
         return {
             "comment": c_comment_text(
                 f"{seg.node.op} {seg.node.name}: {n_batch} x [{m_total} x {kk}] @ [{kk} x {n}] -> {seg.y}"),
@@ -460,13 +464,14 @@ class _Gemm:
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
             "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],
             "pack_floats": kk * -(-nb // PACK_NR) * PACK_NR if seg.repack else 0,
-            "pack_key": ix.add(ix.mul("b", tiles_n), f"t % {tiles_n}" if tiles_n > 1 else "0"),
+            "row_tile": row_tile, "col_tile": col_tile,
+            "pack_key": ix.add(ix.mul("b", tiles_n), col_tile if tiles_n > 1 else "0"),
         }
 
     def _choose_core(self, seg: _Segment) -> int:
         """Ask the chooser how to compute the product (codegen/cores.py); K per pass when packed.
         A constant weight left to sgemm stays unpacked (concatenated when several cores share A)."""
-        repackable = (seg.weight is None and not seg.drop_n and seg.n >= REPACK_MIN_COLUMNS
+        repackable = (seg.weight is None and not seg.drop_n and seg.n >= PACKED_MIN_COLUMNS
                       and not self._small_rows(seg))
         spec = CoreSpec("gemm", seg.rows, seg.n, seg.k, packable=seg.weight is not None, calls=seg.calls,
                         repackable=repackable)
