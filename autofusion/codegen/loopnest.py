@@ -361,6 +361,10 @@ class LoopNest:
             xct=xct,
             prefix=stage.prefix,
             row_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.row_dims, row_exprs) if d in row_dims],
+            # rows side by side over several kept axes: their indices found once per row block, not
+            # by a division per element
+            row_table=[(f"i{d}", e) for d, e in zip(spec.row_dims, row_exprs) if d in row_dims]
+            if any("/" in e or "%" in e for e in row_exprs) else [],
             inner_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.axes, inner_exprs) if d in inner_dims],
             # several reduced axes: one loop each, so that no element pays a division to find its index
             nest=[(f"i{d}", spec.x_shape[d]) for d in inner_dims] if len(inner_dims) > 1 else [],
