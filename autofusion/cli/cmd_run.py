@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import zipfile
@@ -205,8 +206,6 @@ def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, fl
     """Outputs of the fused plan's Triton kernels, on the CUDA device or, without one (or with
     $TRITON_INTERPRET set), under Triton's interpreter on the CPU; the start time follows a first call
     (which compiles the kernels), as the C backends' follows their compile."""
-    import os
-
     try:
         import torch
     except ImportError:

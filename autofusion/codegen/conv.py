@@ -68,6 +68,7 @@ def taps_block(width: int, block_rows: int) -> int:
     """The smallest row block af_sgemm_packed_taps cuts a row of ``width`` positions into."""
     return width // -(-width // block_rows)
 
+
 # the window's numbers the template reads (see _Conv._geometry)
 _TEMPLATE_GEOMETRY = ("groups", "mg", "kc", "im2col", "channels", "cg", "in_size", "taps", "kd", "kh", "kw", "p",
                       "id", "ih", "iw", "od", "oh", "ow", "sd", "sh", "sw", "dd", "dh", "dw", "pd", "ph", "pw")
@@ -298,7 +299,7 @@ class _Conv:
         """The epilogue per element of a tile: each aligned output computed from the tile's value."""
         y, ys = self.y, self.g.types[self.y].shape
         inl = Inliner(self.k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, self.g.types[y].shape[-1], bias, inl, transposed=packed)
+        inl.overrides[y] = self._tile_override(ldc, ys[-1], bias, inl, transposed=packed)
         body = Block()
         idx = self._y_index()
         for t, dest in aligned:

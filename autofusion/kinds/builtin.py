@@ -7,6 +7,7 @@ from autofusion.kinds.kind import ACCEPT, Acceptance, KernelKind, ParamSpec, ref
 
 C = "autofusion.codegen.kind_renderers"
 TRITON = "autofusion.codegen.triton.render"
+TRITON_GEMM = "autofusion.codegen.triton.gemm"
 TILE_PARAMS = (
     ParamSpec("tile_m", int, "rows of the product per tile (default: all rows up to 192, else 128)", 1),
     ParamSpec("tile_n", int, "columns per tile (default: chosen for the thread count); a product with a "
@@ -129,8 +130,8 @@ def _lstm_scan(facts: GroupFacts) -> Acceptance:
 def _kind(name: str, summary: str, accepts, colour: str, c: str, triton: str = "",  # type: ignore[no-untyped-def]
           params: tuple[ParamSpec, ...] = ()) -> KernelKind:
     renderers = {"c": f"{C}:{c}"}
-    if triton:
-        renderers["triton"] = f"{TRITON}:{triton}"
+    if triton:  # a function of the Triton backend's render module, or module:function
+        renderers["triton"] = triton if ":" in triton else f"{TRITON}:{triton}"
     return KernelKind(name, summary, accepts, params, renderers, colour)  # type: ignore[arg-type]
 
 
@@ -144,7 +145,8 @@ BUILTIN_KINDS: tuple[KernelKind, ...] = (
     _kind("conv_epilogue", "Conv with folded BatchNormalization, bias, residual add and activation",
           _conv_epilogue, "#ffd6d1", "render_core", "render_conv"),
     _kind("horizontal_gemm", "several MatMuls that share their input, as one GEMM with several outputs",
-          _horizontal_gemm, "#f3d9ff", "render_horizontal", "render_horizontal", params=TILE_PARAMS),
+          _horizontal_gemm, "#f3d9ff", "render_horizontal", f"{TRITON_GEMM}:render_horizontal",
+          params=TILE_PARAMS),
     _kind("multi_output", "a branch: several pointwise or reduction consumers of one tensor, several outputs",
           _multi_output, "#fff3b0", "render_loop_nest", "render_loop_nest"),
     _kind("lstm_scan", "a recurrent cell repeated over time steps, the time loop inside the kernel",

@@ -15,9 +15,12 @@ from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.ops import ELEMENTWISE, TL_DTYPES, cast_expr, spelled
 from autofusion.codegen.triton.tindex import Index
+from autofusion.codegen.triton.window import compute_window
 from autofusion.decide.plan import FusedGroup
 from autofusion.graph.graph import Graph, Node
+from autofusion.ops.common import ref_input_or_attr
 from autofusion.ops.registry import OpRegistry
+from autofusion.ops.reorganize import _slices
 
 Override = Callable[[Index], str]
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -116,8 +119,6 @@ class Exprs:
         if op == "Clip":
             return self._clip(node, idx)
         if self.registry[op].pooling:  # MaxPool, AveragePool: an unrolled loop over the window's taps
-            from autofusion.codegen.triton.window import compute_window
-
             return compute_window(self, node, pos, idx)
         fn = ELEMENTWISE.get(op) or spelled(self.registry[op].spelling.get("triton", ""))
         if fn is None:
@@ -151,9 +152,6 @@ class Exprs:
         return self.bind(f"({x} - {mean}) * ({scale} / tl.sqrt({var} + {eps!r})) + {bias}")
 
     def _slice(self, node: Node, idx: Index) -> str:
-        from autofusion.ops.common import ref_input_or_attr
-        from autofusion.ops.reorganize import _slices
-
         consts = [self.graph.const_value(t) if t else None for t in node.inputs]
         if any(t and c is None for t, c in zip(node.inputs[1:], consts[1:])):
             raise self.error("Slice bounds, axes and steps must be constants", node)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from autofusion.codegen.names import NameTable
 from autofusion.codegen.triton import reduce as red
 from autofusion.codegen.triton import tindex as ix
+from autofusion.codegen.triton.conv import render_conv
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.gemm import render_gemm
-from autofusion.codegen.triton.gemm import render_horizontal as render_horizontal_gemm
 from autofusion.codegen.triton.templates import TritonTemplates
 from autofusion.codegen.triton.text import py_comment, py_ident
 from autofusion.decide.plan import FusedGroup
@@ -80,18 +80,6 @@ def render_loop_nest(ex: Exprs, names: NameTable) -> dict[str, object]:
 
 def render_gemm_epilogue(ex: Exprs, names: NameTable) -> dict[str, object]:
     return render_gemm(ex, names)
-
-
-def render_conv(ex: Exprs, names: NameTable) -> dict[str, object]:
-    """conv_epilogue groups: an implicit GEMM over the input's taps, the epilogue on the tile."""
-    from autofusion.codegen.triton.conv import render_conv as render
-
-    return render(ex, names)
-
-
-def render_horizontal(ex: Exprs, names: NameTable) -> dict[str, object]:
-    """horizontal_gemm groups: the products sharing an input, each column tile its segment's, one launch."""
-    return render_horizontal_gemm(ex, names)
 
 
 def render_opaque(ex: Exprs, names: NameTable) -> dict[str, object]:
