@@ -117,7 +117,7 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal: the progress bar shows
     code = main(["calibrate", "--budget", "40", "--kernels", "12", "--regions", "2", "--max-elements", "4096",
                  "--seed", "3", "--repeat-seconds", "0.002", "--cache", CACHE, "--out", str(out), "--profile-out",
-                 str(profile_out), "--json", "--models", "bert-tiny"])
+                 str(profile_out), "--json", "--models", "bert-tiny", "--model-kernels", "lstm-tiny"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
@@ -138,10 +138,13 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     assert cal.cost_model().name.endswith(":cpu-2core")
     assert "-O" in cal.machine["cflags"] and cal.machine["threads"] >= 1 and cal.machine["statistic"] == "median"
     assert len(cal.profile.op_seconds) >= 10  # the per-op costs were timed
+    assert report["model_cases"] == ["lstm-tiny"] and report["model_kernels"] > 0
+    assert [r["plan"] for r in report["analytic"]["plans"]] == ["unfused", "engine", "small"]
 
     code = main(["calibrate", "--show", str(out), "--report"])
     text = capsys.readouterr().out
     assert code == 0 and "kendall tau" in text and "learned" in text and "fitted profile" in text
+    assert "whole runs of the models' plans" in text and "family held out" in text
 
 
 def test_calibrate_says_what_changed_and_how_to_undo(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -177,6 +180,8 @@ def test_calibrate_says_what_changed_and_how_to_undo(tmp_path: Path, capsys: pyt
     (["calibrate", "--kernels", "0"], "positive integer"),
     (["calibrate", "--show", "/no/such/calibration.json"], "not found"),
     (["calibrate", "--prior", "no-such-profile"], "not found"),
+    (["calibrate", "--model-kernels", "bert-huge:8"], "--model-kernels: unknown model 'bert-huge'"),
+    (["calibrate", "--model-kernels", "lstm:x"], "positive integer"),
 ])
 def test_calibrate_bad_input_is_one_line_and_exit_2(argv: list[str], message: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,7 +192,7 @@ def test_calibrate_bad_input_is_one_line_and_exit_2(argv: list[str], message: st
 
 def test_too_small_a_budget_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["calibrate", "--budget", "0.01", "--kernels", "3", "--regions", "0", "--max-elements", "256",
-                 "--cache", CACHE, "--out", str(tmp_path / "c.json")])
+                 "--cache", CACHE, "--out", str(tmp_path / "c.json"), "--model-kernels", "none"])
     err = capsys.readouterr().err
     assert code == 2 and "need at least" in err and "--budget" in err
     assert not (tmp_path / "c.json").exists()

@@ -208,8 +208,13 @@ def test_console_entry_point_end_to_end(tmp_path: Path) -> None:
 def test_run_profile_lists_the_superkernels_kernels_by_time(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "run", "bert-tiny", "--backend", "c", "--profile")
     assert code == 0 and "kernels by time" in out and "gemm_epilogue" in out
+    from autofusion.decide.default_model import default_cost_model
+
+    model = default_cost_model().name
+    assert "predicted ms" in out and f"predicted by {model}:" in out  # the plan's model on the same kernels
     report = cli_json(capsys, "run", "bert-tiny", "--backend", "c", "--profile")
     kernels = report["kernels"]
+    assert all(k["predicted_ms"] > 0 and k["cost_model"] == model for k in kernels if k["template"] != "view")
     assert [k["ms"] for k in kernels] == sorted((k["ms"] for k in kernels), reverse=True)
     assert len({k["kernel"] for k in kernels}) == len(kernels) > 10
     assert all(k["ms"] >= 0 for k in kernels) and sum(k["ms"] for k in kernels) > 0

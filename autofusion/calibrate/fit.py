@@ -1,6 +1,8 @@
 """Fitting the analytic profile's constants to measured kernel times, and scoring predictions.
 
-The analytic model predicts ``overhead + max(bytes / bandwidth[level], flops / peak)`` per kernel.
+The analytic model predicts ``overhead + max(sum of bytes / bandwidth[level], flops / peak)`` per
+kernel, the weights' bytes at the level all the graph's weights fit in, the rest at the level of the
+kernel's working set.
 Its constants (the per-kernel overhead, the bandwidth of every cache level that measured kernels'
 working sets fell in, the peak flop rate) are fitted by robust least squares on log time, so a
 10 microsecond kernel weighs as much as a 10 millisecond one. A level no kernel fell in keeps the
@@ -22,6 +24,9 @@ from autofusion.decide.cost import CacheLevel, GroupTerms, HardwareProfile, comp
 MIN_PER_LEVEL = 3  # kernels needed in a cache level to fit its bandwidth
 BW = 4  # index of the first bandwidth parameter: overhead, peak, matmul peak and math peak come first
 PRIOR_WEIGHT = 0.05  # pull of each log-constant towards the prior profile, against one kernel's log error
+# a cache level is at most this many times faster than the next (kernels that small are all overhead,
+# which leaves the fastest level's bandwidth free to run off)
+MAX_LEVEL_STEP = 8.0
 
 
 @dataclass(frozen=True)
@@ -76,13 +81,14 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     """
     if len(terms) != len(seconds) or len(terms) < 4:
         raise ValueError(f"need at least 4 measured kernels to fit a profile, got {len(terms)}")
-    nbytes = np.array([t.bytes for t in terms], dtype=np.float64)
+    splits = [t.memory_split() for t in terms]  # (constants, activations): bytes and where they live
+    nbytes = np.array([[b for b, _ in split] for split in splits], dtype=np.float64)
     parts = np.array([compute_parts(t, prior.op_seconds) for t in terms], dtype=np.float64)
     measured, plain, math_, matmul = parts.T
-    level = np.array([prior.level_index(t.bytes) for t in terms])
+    level = np.array([[prior.level_index(ws) for _, ws in split] for split in splits])
     target = np.log(np.asarray(seconds, dtype=np.float64))
     levels = len(prior.bandwidths)
-    fitted = [lv for lv in range(levels) if int((level == lv).sum()) >= MIN_PER_LEVEL]
+    fitted = [lv for lv in range(levels) if int(((level == lv) & (nbytes > 0)).any(axis=1).sum()) >= MIN_PER_LEVEL]
     if not fitted:
         raise ValueError("no cache level has enough measured kernels to fit its bandwidth")
     fit_matmul = int((matmul > 0).sum()) >= MIN_PER_LEVEL
@@ -107,7 +113,8 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
         matmul_rate = math.exp(params[2] if fit_matmul else params[1])
         math_rate = math.exp(params[3] if fit_math else params[1])
         compute = measured + plain / math.exp(params[1]) + matmul / matmul_rate + math_ / math_rate
-        return math.exp(params[0]) + np.maximum(nbytes / bandwidths(params)[level], compute)
+        memory = (nbytes / bandwidths(params)[level]).sum(axis=1)
+        return math.exp(params[0]) + np.maximum(memory, compute)
 
     steps = [max(0.0, math.log(prior_bw[a] / prior_bw[b])) for b, a in zip(slow, slow[1:])]
     start = np.array([math.log(max(prior.launch_seconds + prior.sync_seconds, 1e-8)), math.log(prior.peak_flops),
@@ -119,7 +126,10 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
 
     lower = np.full(len(start), -np.inf)
     lower[BW + 1:] = 0.0
-    params = least_squares(residual, start, bounds=(lower, np.inf), loss="soft_l1", f_scale=0.3, max_nfev=2000).x
+    upper = np.full(len(start), np.inf)
+    upper[BW + 1:] = np.maximum(math.log(MAX_LEVEL_STEP), np.array(steps) + 1e-9) if steps else upper[BW + 1:]
+    start = np.clip(start, lower, upper)
+    params = least_squares(residual, start, bounds=(lower, upper), loss="soft_l1", f_scale=0.3, max_nfev=2000).x
     overhead = math.exp(params[0])
     bw = bandwidths(params)
     launch = min(max(0.0, launch_seconds), overhead)

@@ -22,11 +22,13 @@ import numpy as np
 
 from autofusion.calibrate.fit import accuracy, fit_profile, pair_agreement
 from autofusion.calibrate.measure import Timer, TimingOptions, plan_of
+from autofusion.calibrate.models import DEFAULT_CASES, PlanSample, measure_case, region_pairs
 from autofusion.calibrate.opcosts import measure_op_seconds
 from autofusion.calibrate.specs import alternatives, random_feeds, random_kernel
+from autofusion.codegen.cores import cache_levels
 from autofusion.codegen.errors import CodegenError
-from autofusion.decide.cost import AnalyticCostModel, CostModel, HardwareProfile
-from autofusion.decide.learned import Calibration, LearnedCostModel, fit_learned, group_features
+from autofusion.decide.cost import AnalyticCostModel, CacheLevel, CostModel, HardwareProfile
+from autofusion.decide.learned import Calibration, LearnedCostModel, LearnedParams, fit_learned, group_features
 from autofusion.graph.graph import FrozenMap
 from autofusion.ir import Graph
 from autofusion.ops.catalog import default_registry
@@ -38,6 +40,7 @@ KERNEL_SHARE = 0.75  # of the budget, for single kernels; the rest times regions
 OP_COST_SHARE = 0.1  # per-op costs are timed only if the call overhead took less of the budget
 MIN_KERNELS = 8
 CLEAR_RATIO = 1.25  # plans whose measured times differ by this much: a decision that matters
+MODEL_CLEAR_RATIO = 1.10  # the same for the pairs of plans of one region of a real model
 RENDER_ERRORS = (CodegenError, CompileError)  # a group the backend cannot build is skipped
 
 Progress = Callable[[str, int, int], None]  # (what is being timed, done, total)
@@ -62,6 +65,8 @@ class CalibrationOptions:
     timing: TimingOptions = field(default_factory=TimingOptions)
     op_costs: bool = True  # time one-op kernels for the per-element cost of each pointwise op
     cache_dir: str | None = None
+    model_cases: tuple[str, ...] = DEFAULT_CASES  # built-in models whose kernels are timed where they run
+    model_runs: int = 15  # profiled runs of each of their plans
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class Measurements:
     threads: int = 1
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load at the start and at the end
     op_seconds: tuple[tuple[str, float], ...] = ()  # compute seconds per element of pointwise ops
+    plans: tuple[PlanSample, ...] = ()  # real models' plans, each group's step timed
+    model_seconds: float = 0.0  # what timing them took (outside the budget)
 
 
 def measure(options: CalibrationOptions, progress: Progress | None = None) -> Measurements:
@@ -104,6 +111,9 @@ def measure(options: CalibrationOptions, progress: Progress | None = None) -> Me
         overhead = timer.measure_overhead()
     except CompileError as e:
         raise CalibrationError(f"cannot compile calibration kernels: {e}") from None
+    plans, model_seconds = _measure_models(options, timer, lambda what: report(what, 0, total))
+    deadline += model_seconds  # the models' time is outside the budget of the generated kernels
+    started += model_seconds
     op_seconds: dict[str, float] = {}
     if options.op_costs and time.monotonic() < started + options.budget_seconds * OP_COST_SHARE:
         op_seconds = measure_op_seconds(timer, lambda what: report(what, 0, total))
@@ -134,15 +144,46 @@ def measure(options: CalibrationOptions, progress: Progress | None = None) -> Me
         regions.append(RegionSample(spec.graph, tuple(tuple(tuple(g) for g in p) for p in parts), times))
     report("done", total, total)
     return Measurements(tuple(kernels), tuple(regions), overhead.launch, skipped, time.monotonic() - started,
-                        timer.threads, (load_at_start, _load()), tuple(sorted(op_seconds.items())))
+                        timer.threads, (load_at_start, _load()), tuple(sorted(op_seconds.items())), plans,
+                        model_seconds)
+
+
+def _measure_models(options: CalibrationOptions, timer: Timer,
+                    report: Callable[[str], None]) -> tuple[tuple[PlanSample, ...], float]:
+    """Profile the plans of ``options.model_cases``, planned with the prior profile on this machine."""
+    started = time.monotonic()
+    planner = AnalyticCostModel(machine_prior(HardwareProfile.load(options.prior)))
+    plans: list[PlanSample] = []
+    for case in options.model_cases:
+        try:
+            plans.extend(measure_case(case, planner, options.model_runs, timer.threads, timer.cache, report))
+        except ValueError as e:
+            raise CalibrationError(f"model kernels: {e}") from None
+    return tuple(plans), time.monotonic() - started
+
+
+def machine_prior(prior: HardwareProfile) -> HardwareProfile:
+    """``prior`` with this machine's cache levels (sizes as Linux reports them), each starting from
+    the bandwidth of the prior's level at the same place (its last one beyond)."""
+    levels = cache_levels()
+    if not prior.caches:
+        return prior
+    caches = tuple(CacheLevel(name, size, prior.caches[min(i, len(prior.caches) - 1)].bandwidth)
+                   for i, (name, size) in enumerate(levels))
+    return prior.replace(caches=caches)
 
 
 def _predict(model: CostModel, graph: Graph, partition: Sequence[Sequence[str]]) -> float:
     return sum(model.group_cost(graph, list(part)).seconds for part in partition)
 
 
+Timed = tuple[Graph, Sequence[str], float]  # a kernel: its graph, its nodes, measured seconds
+
+
 def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | None = None) -> Calibration:
-    """Fit both models on the training kernels and score them on the held-out kernels and regions."""
+    """Fit both models on the training kernels (generated and, all of them, the models' kernels) and
+    score them on the held-out kernels and regions, and on the models' whole plans and region pairs,
+    with each model family also held out of a refit."""
     registry = registry or default_registry()
     if len(data.kernels) < MIN_KERNELS:
         raise CalibrationError(f"measured {len(data.kernels)} kernels, need at least {MIN_KERNELS}: "
@@ -150,57 +191,117 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
     order = np.random.default_rng(options.seed + 1).permutation(len(data.kernels))
     n_test = min(len(order) - 4, max(2, int(round(len(order) * options.holdout))))
     test = [data.kernels[i] for i in order[:n_test]]
-    train = [data.kernels[i] for i in order[n_test:]]
-    prior = HardwareProfile.load(options.prior)
+    train: list[Timed] = [(s.graph, _whole(s.graph), s.seconds) for s in (data.kernels[i] for i in order[n_test:])]
+    from_models: list[tuple[str, Timed]] = [(p.family, (p.graph, nodes, seconds))
+                                            for p in data.plans for nodes, seconds in p.kernels()]
+    prior = machine_prior(HardwareProfile.load(options.prior))
     prior = prior.replace(op_seconds=FrozenMap(data.op_seconds)) if data.op_seconds else prior
-    work_model = AnalyticCostModel(prior, registry)
-
-    def whole(s: KernelSample) -> list[str]:
-        return [n.name for n in s.graph.nodes]
-
-    train_terms = [work_model.terms(s.graph, whole(s)) for s in train]
-    description = (f"fitted by `autofusion calibrate` on {len(train)} kernels measured on {_cpu_name()} "
+    description = (f"fitted by `autofusion calibrate` on {len(train)} generated kernels and {len(from_models)} "
+                   f"kernels of {len(options.model_cases)} models measured on {_cpu_name()} "
                    f"({os.cpu_count()} cores; kernels on {data.threads} thread(s), {options.timing.statistic} of "
                    f"repeats) on {datetime.date.today().isoformat()}")
-    profile = fit_profile(train_terms, [s.seconds for s in train], prior, data.launch_seconds, options.name,
-                          description)
-    analytic = AnalyticCostModel(profile, registry)
-    rows, target = [], []
-    for s, terms in zip(train, train_terms):
-        work = analytic.work(s.graph)
-        rows.append(group_features(s.graph, whole(s), work, terms, profile, registry))
-        target.append(np.log(s.seconds / analytic.group_cost(s.graph, whole(s)).seconds))
-    learned_params = fit_learned(np.array(rows), np.array(target))
-    models: dict[str, CostModel] = {"analytic": analytic, "learned": LearnedCostModel(learned_params, profile, registry)}
+
+    def fitted(without: str | None = None) -> dict[str, CostModel]:
+        kernels = train + [k for family, k in from_models if family != without]
+        profile = _fit_profile(kernels, prior, data.launch_seconds, options.name, description, registry)
+        analytic = AnalyticCostModel(profile, registry)
+        learned = LearnedCostModel(_fit_learned(kernels, analytic, registry), profile, registry)
+        return {"analytic": analytic, "learned": learned}
+
+    models = fitted()
     report: dict[str, object] = {"heldout_kernels": len(test), "train_kernels": len(train),
+                                 "model_kernels": len(from_models), "model_cases": list(options.model_cases),
+                                 "model_clear_ratio": MODEL_CLEAR_RATIO,
                                  "regions": len(data.regions), "target_tau": TARGET_TAU}
     measured = [s.seconds for s in test]
     for kind, model in models.items():
-        acc = accuracy([model.group_cost(s.graph, whole(s)).seconds for s in test], measured)
+        acc = accuracy([model.group_cost(s.graph, _whole(s.graph)).seconds for s in test], measured)
         predicted = [[_predict(model, r.graph, p) for p in r.partitions] for r in data.regions]
         agree, pairs = pair_agreement(predicted, [r.seconds for r in data.regions])
         clear, clear_pairs = pair_agreement(predicted, [r.seconds for r in data.regions], CLEAR_RATIO)
         report[kind] = {**acc.to_json(), "pair_agreement": agree, "pairs": pairs,
                         "pair_agreement_clear": clear, "pairs_clear": clear_pairs, "name": model.name}
+    if data.plans:
+        held_out = {family: fitted(without=family) for family in sorted({p.family for p in data.plans})}
+        for kind, model in models.items():
+            entry = report[kind]
+            assert isinstance(entry, dict)
+            entry.update(model_scores(data.plans, model, {f: m[kind] for f, m in held_out.items()}))
     report["target_met"] = bool(report["learned"]["kendall_tau"] >= TARGET_TAU)  # type: ignore[index]
     default = _choose(report)
     report["default_model"] = default
     machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "threads": data.threads,
                "statistic": options.timing.statistic, "load_average": data.load_average,
                "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-               "measure_seconds": round(data.seconds, 1), "kernels_skipped": data.skipped,
-               "max_elements": options.max_elements, "seed": options.seed, **_toolchain(),
+               "measure_seconds": round(data.seconds, 1), "model_seconds": round(data.model_seconds, 1),
+               "kernels_skipped": data.skipped, "max_elements": options.max_elements, "seed": options.seed,
+               **_toolchain(),
                "kinds": {k: sum(1 for s in data.kernels if s.kind == k) for k in sorted({s.kind for s in data.kernels})}}
+    profile = models["analytic"].profile  # type: ignore[attr-defined]
+    learned_params = models["learned"].params  # type: ignore[attr-defined]
     return Calibration(profile, learned_params, default, report, machine)
+
+
+def _whole(graph: Graph) -> list[str]:
+    return [n.name for n in graph.nodes]
+
+
+def _fit_profile(kernels: Sequence[Timed], prior: HardwareProfile, launch: float, name: str, description: str,
+                 registry: OpRegistry) -> HardwareProfile:
+    work_model = AnalyticCostModel(prior, registry)
+    terms = [work_model.terms(graph, nodes) for graph, nodes, _ in kernels]
+    return fit_profile(terms, [seconds for _, _, seconds in kernels], prior, launch, name, description)
+
+
+def _fit_learned(kernels: Sequence[Timed], analytic: AnalyticCostModel, registry: OpRegistry) -> LearnedParams:
+    rows, target = [], []
+    for graph, nodes, seconds in kernels:
+        terms = analytic.terms(graph, nodes)
+        rows.append(group_features(graph, nodes, analytic.work(graph), terms, analytic.profile, registry))
+        target.append(np.log(seconds / analytic.group_cost(graph, nodes).seconds))
+    return fit_learned(np.array(rows), np.array(target))
+
+
+def model_scores(plans: Sequence[PlanSample], model: CostModel,
+                 held_out: dict[str, CostModel]) -> dict[str, object]:
+    """How ``model`` (fitted on every model's kernels) and ``held_out[family]`` (fitted without that
+    family's) predict each plan's whole run, and order the pairs of plans of one region whose
+    measured times differ by ``MODEL_CLEAR_RATIO`` or more."""
+    rows = []
+    for p in plans:
+        other = held_out[p.family]
+        rows.append({"case": p.case, "plan": p.label, "kernels": len(p.kernels()), "measured": p.run_seconds,
+                     "predicted": _predict(model, p.graph, p.groups),
+                     "predicted_held_out": _predict(other, p.graph, p.groups)})
+    pairs = region_pairs(plans)
+    measured = [r.seconds for r in pairs]
+
+    def agreement(pick: Callable[[str], CostModel]) -> tuple[float, int]:
+        predicted = [(_predict(pick(r.family), r.graph, [r.fused]), _predict(pick(r.family), r.graph, r.split))
+                     for r in pairs]
+        return pair_agreement(predicted, measured, MODEL_CLEAR_RATIO)
+
+    clear, n_clear = agreement(lambda family: model)
+    clear_held, _ = agreement(held_out.__getitem__)
+    everything, n_all = pair_agreement([(_predict(model, r.graph, [r.fused]), _predict(model, r.graph, r.split))
+                                        for r in pairs], measured)
+    return {"plans": rows, "model_pairs": n_all, "model_pair_agreement": everything,
+            "model_pairs_clear": n_clear, "model_pair_agreement_clear": clear,
+            "model_pair_agreement_clear_held_out": clear_held}
 
 
 def _choose(report: dict[str, object]) -> str:
     """The model the engine uses by default: the learned one unless it orders held-out kernels and
-    region plans worse than the analytic one."""
+    plans worse than the analytic one (region plans generated and, where models were timed, the
+    pairs of their plans and their whole runs, both with the model's family held out of the fit)."""
     def score(kind: str) -> float:
         r = report[kind]
         assert isinstance(r, dict)
-        return float(r["kendall_tau"]) + (float(r["pair_agreement"]) if r["pairs"] else 0.0)
+        total = float(r["kendall_tau"]) + (float(r["pair_agreement"]) if r["pairs"] else 0.0)
+        if r.get("plans"):
+            errors = [abs(p["predicted_held_out"] / p["measured"] - 1) for p in r["plans"]]
+            total += float(r["model_pair_agreement_clear_held_out"]) - float(np.median(errors))
+        return total
 
     return "learned" if score("learned") >= score("analytic") else "analytic"
 

@@ -54,6 +54,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--models", default=",".join(COMPARED_MODELS), metavar="NAMES",
                    help="built-in models whose kernel counts are planned before and after, to show what the "
                         f"calibration changes (comma-separated; default {','.join(COMPARED_MODELS)}; none: skip)")
+    p.add_argument("--model-kernels", default="default", metavar="NAMES",
+                   help="built-in models (name or name:seq) whose plans are profiled where they run, their "
+                        "kernels fitted with the generated ones, their whole runs predicted (comma-separated; "
+                        "default: bert-base:8,resnet18,lstm; none: skip; timed outside --budget)")
     p.add_argument("--show", nargs="?", const="", metavar="FILE",
                    help="print the report of an existing calibration file (default: the one the engine uses) "
                         "instead of measuring")
@@ -191,7 +195,7 @@ def _calibrate(args: argparse.Namespace) -> Any:
                                  max_elements=args.max_elements, seed=args.seed, name=args.name, prior=args.prior,
                                  timing=TimingOptions(target_seconds=args.repeat_seconds, threads=args.threads,
                                                       statistic=args.statistic),
-                                 cache_dir=args.cache)
+                                 cache_dir=args.cache, model_cases=_model_cases(args.model_kernels))
     _warn_if_busy(args.statistic)
     try:
         if sys.stderr.isatty():
@@ -199,6 +203,20 @@ def _calibrate(args: argparse.Namespace) -> Any:
         return calibrate(options)
     except CalibrationError as e:
         raise CliError(str(e)) from None
+
+
+def _model_cases(text: str) -> tuple[str, ...]:
+    from autofusion.calibrate.models import DEFAULT_CASES, parse_case
+
+    if text.strip() == "default":
+        return DEFAULT_CASES
+    cases = tuple(c.strip() for c in text.split(",") if c.strip() and c.strip() != "none")
+    for case in cases:
+        try:
+            parse_case(case)
+        except ValueError as e:
+            raise CliError(f"--model-kernels: {e}") from None
+    return cases
 
 
 def _warn_if_busy(statistic: str) -> None:
@@ -250,6 +268,7 @@ def _print_report(out: Output, calibration: Any, heading: str, path: str, as_jso
               f"{report.get('train_kernels', 0)}; {report.get('regions', 0)} regions; 'clear' pairs differ by 25%+)",
               ("model", "kendall tau", "median rel error", "pair agreement", "pairs", "clear pairs agreement",
                "clear pairs", "name"), rows)
+    _print_models(out, report)
     p = calibration.profile
     out.fields("fitted profile", [("peak flop/s", p.peak_flops)]
                + [(f"{c.level} bandwidth (<= {c.bytes:,} B)", c.bandwidth) for c in p.caches]
@@ -259,3 +278,26 @@ def _print_report(out: Output, calibration: Any, heading: str, path: str, as_jso
     if p.op_seconds:
         out.table("measured compute per element", ("op", "ns"),
                   [(op, round(s * 1e9, 3)) for op, s in sorted(p.op_seconds.items(), key=lambda kv: kv[1])])
+
+
+def _print_models(out: Output, report: dict[str, Any]) -> None:
+    """Whole-model runs predicted against measured, and the models' region pairs ordered."""
+    kinds = [k for k in ("analytic", "learned") if isinstance(report.get(k), dict) and report[k].get("plans")]
+    if not kinds:
+        return
+    rows = []
+    for i, plan in enumerate(report[kinds[0]]["plans"]):
+        row: list[Any] = [plan["case"], plan["plan"], plan["kernels"], round(plan["measured"] * 1e3, 3)]
+        for kind in kinds:
+            p = report[kind]["plans"][i]
+            row += [f"{p['predicted'] / p['measured'] - 1:+.1%}", f"{p['predicted_held_out'] / p['measured'] - 1:+.1%}"]
+        rows.append(tuple(row))
+    head = ("model", "plan", "kernels", "measured ms") + tuple(
+        h for kind in kinds for h in (f"{kind} error", f"{kind} error, family held out"))
+    out.table("whole runs of the models' plans (profiling build, medians)", head, rows)
+    ratio = float(report.get("model_clear_ratio", 1.0))
+    out.table(f"pairs of plans of one region of those models (clear: times differ by {round((ratio - 1) * 100)}%+)",
+              ("model", "pairs", "agreement", "clear pairs", "clear agreement", "clear agreement, family held out"),
+              [(kind, report[kind]["model_pairs"], round(report[kind]["model_pair_agreement"], 3),
+                report[kind]["model_pairs_clear"], round(report[kind]["model_pair_agreement_clear"], 3),
+                round(report[kind]["model_pair_agreement_clear_held_out"], 3)) for kind in kinds])

@@ -160,9 +160,12 @@ def run(args: argparse.Namespace) -> int:
         top = profile[:PROFILE_ROWS]
         out.table(f"kernels by time (medians of {PROFILE_RUNS} runs after the first; {len(top)} of {len(profile)}, "
                   f"{total:.1f} ms in all)",
-                  ("kernel", "template", "nodes", "ms", "share", "core"),
-                  [(k["kernel"], k["template"], str(k["nodes"]), f"{k['ms']:.3f}", f"{100 * k['ms'] / total:.1f}%",
-                    ", ".join(k["cores"]) or "-") for k in top])
+                  ("kernel", "template", "nodes", "ms", "predicted ms", "share", "core"),
+                  [(k["kernel"], k["template"], str(k["nodes"]), f"{k['ms']:.3f}", f"{k['predicted_ms']:.3f}",
+                    f"{100 * k['ms'] / total:.1f}%", ", ".join(k["cores"]) or "-") for k in top])
+        predicted = sum(k["predicted_ms"] for k in profile)
+        out.line(f"predicted by {profile[0]['cost_model'] if profile else 'the cost model'}: {predicted:.1f} ms "
+                 f"for these kernels ({predicted / total - 1:+.0%})")
     if saved:
         out.line(f"saved: {saved}")
     return 0
@@ -198,7 +201,8 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
     groups = {g.name: g for g in model.plan.groups}
     cores = {k.group.name: sorted({c.label(model.machine) for _, c in k.cores}) for k in model.source.kernels}
     rows = [{"kernel": name, "template": groups[name].template, "nodes": len(groups[name].nodes),
-             "ms": statistics.median(times) * 1e3, "cores": cores.get(name, [])} for name, times in samples.items()]
+             "ms": statistics.median(times) * 1e3, "predicted_ms": groups[name].cost.seconds * 1e3,
+             "cost_model": groups[name].cost.model, "cores": cores.get(name, [])} for name, times in samples.items()]
     return outputs, start, sorted(rows, key=lambda r: -r["ms"])
 
 

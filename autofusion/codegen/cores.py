@@ -214,22 +214,28 @@ def _cache_size(text: str) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def cache_sizes() -> tuple[int, int]:
-    """(L1 data, L2) bytes of CPU 0 as Linux reports them; (32 KiB, 1 MiB) where it does not."""
-    l1d, l2 = 32 * 1024, 1024 * 1024
+def cache_levels() -> tuple[tuple[str, int], ...]:
+    """(level name, bytes) of CPU 0's data caches as Linux reports them, smallest first (L1 data,
+    L2, L3 where there is one); (L1 32 KiB, L2 1 MiB) where it reports none."""
+    sizes: dict[int, int] = {}
     root = Path("/sys/devices/system/cpu/cpu0/cache")
     try:
         for index in sorted(root.glob("index*")):
-            level = (index / "level").read_text().strip()
+            level = int((index / "level").read_text().strip())
             kind = (index / "type").read_text().strip()
             size = _cache_size((index / "size").read_text())
-            if size and level == "1" and kind in ("Data", "Unified"):
-                l1d = size
-            elif size and level == "2":
-                l2 = size
+            if size and kind in ("Data", "Unified"):
+                sizes[level] = size
     except (OSError, ValueError):
-        pass
-    return l1d, l2
+        sizes = {}
+    sizes = {1: sizes.get(1, 32 * 1024), 2: sizes.get(2, 1024 * 1024), **{k: v for k, v in sizes.items() if k > 2}}
+    return tuple((f"L{k}", v) for k, v in sorted(sizes.items()))
+
+
+def cache_sizes() -> tuple[int, int]:
+    """(L1 data, L2) bytes of CPU 0 as Linux reports them; (32 KiB, 1 MiB) where it does not."""
+    levels = dict(cache_levels())
+    return levels["L1"], levels["L2"]
 
 
 class UnknownIsaError(ValueError):

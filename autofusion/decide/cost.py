@@ -176,6 +176,7 @@ class NodeCost(NamedTuple):
     op_class: OpClass
     op: str
     math: bool  # a pointwise op that calls a math routine
+    reads: int | None = None  # bytes it reads of its inputs when that is less than all of them (a Gather's rows)
 
 
 NodeWork = dict[str, NodeCost]
@@ -190,7 +191,10 @@ def node_work(graph: Graph, registry: OpRegistry) -> NodeWork:
         outs = tuple(graph.types[o] for o in node.outputs if o)
         numel = max(1, outs[0].numel) if outs else 1
         math = opdef.op_class is OpClass.POINTWISE and opdef.flops_per_element >= MATH_FLOPS_PER_ELEMENT
-        out[node.name] = NodeCost(opdef.count_flops(ctx, outs), numel, opdef.view, opdef.op_class, node.op, math)
+        reads = opdef.count_bytes(ctx, outs) - sum(t.nbytes for t in outs)
+        whole = sum(graph.types[i].nbytes for i in node.inputs if i)
+        out[node.name] = NodeCost(opdef.count_flops(ctx, outs), numel, opdef.view, opdef.op_class, node.op, math,
+                                  reads if 0 <= reads < whole else None)
     return out
 
 
@@ -240,10 +244,27 @@ class GroupTerms:
     matmul_flops: float = 0.0  # the part of ``flops`` done by opaque cores (GEMM, conv)
     math_flops: float = 0.0  # the part done by pointwise math routines (exp, tanh, erf...)
     pointwise: tuple[tuple[str, float, float, bool], ...] = ()  # per pointwise op: evaluations, flops, math
+    # traffic beyond ``bytes``: an input read again by each further opaque core (an LSTM's weights, once a step)
+    reread_bytes: int = 0
+    const_traffic: int = 0  # the part of the traffic (reads included) that reads constants (weights)
+    resident_bytes: int = 0  # the graph's constants in all: where weights live between two runs
 
     @property
     def bytes(self) -> int:
+        """Distinct bytes the kernel reads and writes: its working set."""
         return self.bytes_in + self.bytes_out
+
+    @property
+    def traffic(self) -> int:
+        """Bytes moved, with the reads of every core that reads an input again."""
+        return self.bytes + self.reread_bytes
+
+    def memory_split(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((constant bytes, the working set that places them), (other bytes, theirs)): weights come
+        from where all the graph's constants fit, since the rest of the model runs between two uses;
+        activations from where the kernel's own working set fits."""
+        return ((self.const_traffic, max(self.resident_bytes, self.bytes)),
+                (self.traffic - self.const_traffic, self.bytes))
 
     @property
     def recompute_flops(self) -> float:
@@ -256,7 +277,8 @@ def group_terms(graph: Graph, nodes: Sequence[str], work: NodeWork) -> GroupTerm
     if all(work[n][2] for n in nodes):
         return GroupTerms(0, 0, 0, 0.0, 0.0, 0)
     inputs, outputs = group_io(graph, nodes)
-    bytes_in = sum(graph.types[t].nbytes for t in inputs)
+    read = _input_reads(graph, nodes, inputs, work)
+    bytes_in = sum(read.values())
     bytes_out = sum(graph.types[t].nbytes for t in outputs)
     materialised = set(outputs)
     by_name = graph.node_by_name
@@ -274,8 +296,68 @@ def group_terms(graph: Graph, nodes: Sequence[str], work: NodeWork) -> GroupTerm
             evals, fl, _ = by_op.get(cost.op, (0.0, 0.0, cost.math))
             by_op[cost.op] = (evals + demand[n], fl + cost.flops * demand[n] / cost.numel, cost.math)
     pointwise = tuple((op, e, f, m) for op, (e, f, m) in sorted(by_op.items()))
+    reread, const_traffic = _reads(graph, nodes, read, work)
     return GroupTerms(int(bytes_in), int(bytes_out), int(kept), float(flops), once, 1, float(matmul), float(math),
-                      pointwise)
+                      pointwise, reread, const_traffic, graph.parameter_bytes)
+
+
+def _input_reads(graph: Graph, nodes: Sequence[str], inputs: Sequence[str], work: NodeWork) -> dict[str, int]:
+    """Bytes the kernel reads of each input: all of it, unless every node of the group reading it
+    reads only a part (a Gather's rows of an embedding table), as the op's ``bytes_moved`` says."""
+    partial: dict[str, int] = {}
+    whole: set[str] = set()
+    by_name = graph.node_by_name
+    for n in nodes:
+        for i in by_name[n].inputs:
+            if i in whole or not i:
+                continue
+            reads = work[n].reads
+            if reads is None:
+                whole.add(i)
+            else:
+                partial[i] = partial.get(i, 0) + reads
+    return {t: graph.types[t].nbytes if t in whole else min(graph.types[t].nbytes, partial.get(t, 0))
+            for t in inputs}
+
+
+def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeWork) -> tuple[int, int]:
+    """(bytes read again, bytes of constants read in all) by ``nodes`` run as one kernel. An opaque
+    core streams its operands from memory, and one that must wait for another core reading the same
+    input (an LSTM's hidden projection, step after step) reads it again; cores that need not wait
+    are run as one product (the input projection of every step at once) and read it once."""
+    by_name = graph.node_by_name
+    readers: dict[str, list[str]] = {}
+    for n in nodes:
+        if work[n].op_class is OpClass.OPAQUE:
+            for i in dict.fromkeys(by_name[n].inputs):
+                if i:
+                    readers.setdefault(i, []).append(n)
+    shared = {t: r for t, r in readers.items() if len(r) > 1}
+    cores_above = _cores_above(graph, nodes, work) if shared else {}
+    reread = const = 0
+    for t, nbytes in read.items():
+        again = sum(1 for k, r in enumerate(shared.get(t, ())) if any(q in cores_above[r] for q in shared[t][:k]))
+        extra = nbytes * again
+        reread += extra
+        if t in graph.constants:
+            const += nbytes + extra
+    return reread, const
+
+
+def _cores_above(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str, frozenset[str]]:
+    """For each node of the group, the opaque cores of the group it depends on."""
+    members = set(nodes)
+    above: dict[str, frozenset[str]] = {}
+    for name in sorted(members, key=graph.node_index.__getitem__):
+        found: set[str] = set()
+        for i in graph.node_by_name[name].inputs:
+            producer = graph.producers.get(i) if i else None
+            if producer is not None and producer.name in members:
+                found |= above[producer.name]
+                if work[producer.name].op_class is OpClass.OPAQUE:
+                    found.add(producer.name)
+        above[name] = frozenset(found)
+    return above
 
 
 @dataclass(frozen=True)
@@ -311,8 +393,8 @@ def analytic_seconds(terms: GroupTerms, profile: HardwareProfile) -> AnalyticSec
     measured, plain, math, matmul = compute_parts(terms, profile.op_seconds)
     compute = (measured + plain / profile.peak_flops + math / profile.math_flops_rate
                + matmul / profile.matmul_flops_rate)
-    return AnalyticSeconds(terms.bytes / profile.bandwidth_for(terms.bytes), compute,
-                           profile.launch_seconds, profile.sync_seconds)
+    memory = sum(nbytes / profile.bandwidth_for(working_set) for nbytes, working_set in terms.memory_split())
+    return AnalyticSeconds(memory, compute, profile.launch_seconds, profile.sync_seconds)
 
 
 class AnalyticCostModel:
@@ -343,7 +425,7 @@ class AnalyticCostModel:
         if terms.kernels == 0:
             return CostBreakdown(0.0, 0, 0, 0, self.name)  # views move no data and launch nothing
         seconds = analytic_seconds(terms, self.profile).total
-        return CostBreakdown(seconds, terms.bytes, int(terms.flops), 1, self.name)
+        return CostBreakdown(seconds, terms.traffic, int(terms.flops), 1, self.name)
 
 
 # -- the default model --------------------------------------------------------------------------
