@@ -121,10 +121,14 @@ def test_tuned_cores_price_the_plan_again(tmp_path: Path, capsys: pytest.Capture
     assert priced is not None and row["predicted_seconds_tuned_cores"] == pytest.approx(plan_seconds(plan, priced))
     assert row["tuned_time_error"] == pytest.approx(
         (row["predicted_seconds_tuned_cores"] - row["measured_seconds"]) / row["measured_seconds"])
-    import autofusion.decide
+    from dataclasses import replace
 
-    shipped = Path(autofusion.decide.__file__).parent / "profiles" / "calibrated" / "cpu-2core.json"
-    monkeypatch.setenv("AUTOFUSION_CALIBRATION", str(shipped))  # a learned model: repriced too
+    from autofusion.decide.cost import SHIPPED_CALIBRATION
+    from autofusion.decide.learned import load_calibration
+
+    learned_file = tmp_path / "learned.json"  # the shipped calibration, its learned model the default
+    replace(load_calibration(SHIPPED_CALIBRATION), default="learned").save(learned_file)
+    monkeypatch.setenv("AUTOFUSION_CALIBRATION", str(learned_file))  # a learned model: repriced too
     learned = compare(capsys, str(model), "--strategies", "greedy", "--cost-models", "default", "--measure",
                       "--rounds", "1")["rows"][0]
     assert learned["cost_model"].startswith("default (learned") and learned["predicted_seconds_tuned_cores"]
