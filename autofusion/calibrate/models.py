@@ -98,8 +98,10 @@ def measure_case(case: str, model: CostModel, runs: int, threads: int, cache: Co
     time.sleep(RUNNER_PAUSE_SECONDS)  # a core library's spinning threads (the tuner's) settle first
     steps: dict[str, dict[str, list[float]]] = {label: {} for label in plans}
     wall: dict[str, list[float]] = {label: [] for label in plans}
-    for _ in range(runs):
-        for label, built in compiled.items():
+    order = list(compiled)
+    for r in range(runs):
+        for label in order[r % len(order):] + order[:r % len(order)]:  # each plan follows each in turn
+            built = compiled[label]
             start = time.perf_counter()
             built.run(feeds)
             wall[label].append(time.perf_counter() - start)
@@ -114,17 +116,19 @@ def measure_case(case: str, model: CostModel, runs: int, threads: int, cache: Co
 
 
 def region_pairs(samples: Sequence[PlanSample]) -> list[RegionPair]:
-    """Every group of one plan that another plan of the same model splits into groups inside it."""
-    pairs = []
+    """Every group of one plan that another plan of the same model splits into groups inside it,
+    once (a group two plans share, split alike by a third, is one pair: the first plan's timing)."""
+    pairs: dict[tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]], RegionPair] = {}
     by_case: dict[str, list[PlanSample]] = {}
     for s in samples:
         by_case.setdefault(s.case, []).append(s)
-    for plans in by_case.values():
+    for case, plans in by_case.items():
         for a in plans:
             for b in plans:
                 if a is not b:
-                    pairs.extend(_pairs_of(a, b))
-    return pairs
+                    for pair in _pairs_of(a, b):
+                        pairs.setdefault((case, pair.fused, pair.split), pair)
+    return list(pairs.values())
 
 
 def _pairs_of(coarse: PlanSample, fine: PlanSample) -> list[RegionPair]:

@@ -3,11 +3,13 @@
 ``CostModel`` is a Protocol so users can plug their own. Invariant: a group's cost depends only on
 the graph and the set of nodes in it, and the cost of a plan is the sum over its kernels.
 
-The analytic model is a roofline per kernel: ``launch + sync + max(bytes / bandwidth, flops / peak)``,
-where bytes are the kernel's distinct inputs and materialised outputs, bandwidth is the bandwidth of
-the cache level the kernel's working set fits in, and flops count recomputation: a producer inlined
-into a consumer with a larger iteration space (a broadcast) or into a multi-pass reduction is
-computed once per use, not once per element of its own. A pointwise op whose cost per element the
+The analytic model is a roofline per kernel: ``launch + sync + max(memory, flops / peak)``, where
+memory is the kernel's traffic (its distinct inputs, as much of each as its ops read, and its
+materialised outputs, plus the operands its cores read again when they run one after another) over
+bandwidth: the weights' at the cache level all the graph's weights fit in (the rest of the model
+runs between two uses), the rest at the level the kernel's working set fits in. Flops count
+recomputation: a producer inlined into a consumer with a larger iteration space (a broadcast) or
+into a multi-pass reduction is computed once per use, not once per element of its own. A pointwise op whose cost per element the
 profile measured (``op_seconds``, written by calibration) costs that per evaluation; otherwise
 the flops of opaque cores (GEMM, conv) run at the profile's ``matmul_peak_flops`` and those of
 pointwise math routines (exp, erf, sin...) at its ``math_peak_flops`` when it has them, the rest at
@@ -303,41 +305,42 @@ def group_terms(graph: Graph, nodes: Sequence[str], work: NodeWork) -> GroupTerm
 
 def _input_reads(graph: Graph, nodes: Sequence[str], inputs: Sequence[str], work: NodeWork) -> dict[str, int]:
     """Bytes the kernel reads of each input: all of it, unless every node of the group reading it
-    reads only a part (a Gather's rows of an embedding table), as the op's ``bytes_moved`` says."""
+    reads only a part, as the op's ``bytes_moved`` says (a Gather reads its rows of an embedding
+    table, its largest input, and the rest whole)."""
     partial: dict[str, int] = {}
     whole: set[str] = set()
     by_name = graph.node_by_name
     for n in nodes:
-        for i in by_name[n].inputs:
-            if i in whole or not i:
-                continue
-            reads = work[n].reads
-            if reads is None:
-                whole.add(i)
-            else:
-                partial[i] = partial.get(i, 0) + reads
+        ins = [i for i in dict.fromkeys(by_name[n].inputs) if i]
+        reads = work[n].reads
+        if reads is None or not ins:
+            whole.update(ins)
+            continue
+        largest = max(ins, key=lambda i: graph.types[i].nbytes)
+        rest = [i for i in ins if i != largest]
+        whole.update(rest)
+        partial[largest] = partial.get(largest, 0) + max(0, reads - sum(graph.types[i].nbytes for i in rest))
     return {t: graph.types[t].nbytes if t in whole else min(graph.types[t].nbytes, partial.get(t, 0))
             for t in inputs}
 
 
 def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeWork) -> tuple[int, int]:
     """(bytes read again, bytes of constants read in all) by ``nodes`` run as one kernel. An opaque
-    core streams its operands from memory, and one that must wait for another core reading the same
-    input (an LSTM's hidden projection, step after step) reads it again; cores that need not wait
-    are run as one product (the input projection of every step at once) and read it once."""
+    core streams its operands from memory. In a kernel whose cores run one after another (one core
+    waits for another's result: an LSTM's steps) every core reads its operands again, a weight once
+    a step; cores side by side (a horizontal GEMM) read a shared operand once."""
     by_name = graph.node_by_name
-    readers: dict[str, list[str]] = {}
-    for n in nodes:
-        if work[n].op_class is OpClass.OPAQUE:
-            for i in dict.fromkeys(by_name[n].inputs):
-                if i:
-                    readers.setdefault(i, []).append(n)
-    shared = {t: r for t, r in readers.items() if len(r) > 1}
-    cores_above = _cores_above(graph, nodes, work) if shared else {}
+    readers: dict[str, int] = {}
+    cores = [n for n in nodes if work[n].op_class is OpClass.OPAQUE]
+    for n in cores:
+        for i in dict.fromkeys(by_name[n].inputs):
+            if i:
+                readers[i] = readers.get(i, 0) + 1
+    shared = any(count > 1 for count in readers.values())
+    in_turn = shared and any(_cores_above(graph, nodes, work)[c] for c in cores)
     reread = const = 0
     for t, nbytes in read.items():
-        again = sum(1 for k, r in enumerate(shared.get(t, ())) if any(q in cores_above[r] for q in shared[t][:k]))
-        extra = nbytes * again
+        extra = nbytes * (readers.get(t, 1) - 1) if in_turn else 0
         reread += extra
         if t in graph.constants:
             const += nbytes + extra

@@ -306,7 +306,7 @@ class LearnedCostModel:
         x = group_features(graph, nodes, work, terms, self.analytic.profile, self.registry)
         base = analytic_seconds(terms, self.analytic.profile).total
         seconds = base * math.exp(self.params.correction(x))
-        return CostBreakdown(seconds, terms.bytes, int(terms.flops), 1, self.name)
+        return CostBreakdown(seconds, terms.traffic, int(terms.flops), 1, self.name)
 
 
 # -- the calibration file ------------------------------------------------------------------------

@@ -203,14 +203,10 @@ class Graph:
             object.__setattr__(self, "_hash", h)
         return h
 
-    @property
+    @functools.cached_property
     def parameter_bytes(self) -> int:
         """Bytes of all constants (cached: cost models ask for every kernel they price)."""
-        n = self.__dict__.get("_parameter_bytes")
-        if n is None:
-            n = sum(c.array.nbytes for c in self.constants.values())
-            object.__setattr__(self, "_parameter_bytes", n)
-        return n
+        return sum(c.array.nbytes for c in self.constants.values())
 
     def summary(self) -> str:
         return f"{self.name}: {len(self.nodes)} nodes, {len(self.inputs)} inputs, {len(self.outputs)} outputs"
