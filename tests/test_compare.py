@@ -51,9 +51,16 @@ def test_measured_plans_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     for r in rows:
         assert r["time_error"] == pytest.approx((r["predicted_seconds"] - r["measured_seconds"]) / r["measured_seconds"])
     assert data["summary"]["measured"] == len(rows)
+    best = min(r["measured_seconds"] for r in rows)
+    greedy = next(r for r in rows if r["strategy"] == "greedy")
+    assert data["summary"]["default_strategy_regret"] == {
+        "analytic:cpu-2core": pytest.approx(greedy["measured_seconds"] / best - 1)}
     assert all(r["predicted_seconds_tuned_cores"] is None for r in rows)  # --no-tune: no measured core rate
     page = (tmp_path / "compare.html").read_text()
     assert page.count('<circle class="plan"') == len({r["plan_id"] for r in rows}) and "<table>" in page
+    assert main(["compare", "lstm-tiny", "--strategies", "greedy,beam", "--cost-models", "analytic", "--measure",
+                 "--rounds", "1", "--no-tune"]) == 0
+    assert "the default strategy's plan under analytic:cpu-2core: +" in capsys.readouterr().out
 
 
 def test_the_text_table(capsys: pytest.CaptureFixture[str]) -> None:

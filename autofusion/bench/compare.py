@@ -140,14 +140,25 @@ def measure_plans(rows: Sequence[PlanRow], runners: Mapping[int, Callable[[], ob
             for r in rows]
 
 
+DEFAULT_STRATEGY = "greedy"  # what optimize() runs when the caller names none
+
+
 def summary(rows: Sequence[PlanRow]) -> dict[str, Any]:
     """Errors of the measured rows: median and worst absolute relative error of predicted time (and
-    of the prediction with tuned cores, where the tuner measured them)."""
+    of the prediction with tuned cores, where the tuner measured them); and the regret of the
+    default strategy under each cost model: how much slower its plan measured than the fastest plan
+    compared."""
     errors = [abs(e) for r in rows if (e := r.time_error) is not None]
     if not errors:
         return {"measured": 0}
     out: dict[str, Any] = {"measured": len(errors), "median_abs_time_error": float(np.median(errors)),
                            "max_abs_time_error": float(max(errors))}
+    best = min(r.measured_seconds for r in rows if r.measured_seconds is not None)
+    regret = {r.cost_model: r.measured_seconds / best - 1 for r in rows
+              if r.strategy == DEFAULT_STRATEGY and r.measured_seconds is not None}
+    if regret:
+        out["best_measured_seconds"] = best
+        out["default_strategy_regret"] = regret
     tuned = [abs(e) for r in rows if (e := r.tuned_time_error) is not None]
     if tuned:
         out.update(median_abs_tuned_time_error=float(np.median(tuned)), max_abs_tuned_time_error=float(max(tuned)))

@@ -220,6 +220,9 @@ def _print(out: Output, data: dict[str, Any]) -> None:
     if s.get("measured"):
         out.line(f"predicted time vs measured: median error {s['median_abs_time_error']:.1%}, "
                  f"worst {s['max_abs_time_error']:.1%}")
+    for model, regret in s.get("default_strategy_regret", {}).items():
+        out.line(f"the default strategy's plan under {model}: {regret:+.1%} against the fastest plan measured "
+                 f"({s['best_measured_seconds'] * 1e3:.3f} ms)")
     if "median_abs_tuned_time_error" in s:
         out.line(f"with the cores at their tuned rate: median error {s['median_abs_tuned_time_error']:.1%}, "
                  f"worst {s['max_abs_tuned_time_error']:.1%}")
