@@ -316,6 +316,9 @@ class LoopNest:
                     if stage.xrow:
                         self.inl.overrides[spec.x] = self._xrow_override(stage)
                         body.emit(f"{stage.prefix}xrow[j] = {x};")
+                        for tensor, dest in stage.full:  # X written as it is computed, in one stream
+                            if tensor == spec.x:
+                                body.emit(f"{dest}[{ix.linear(x_idx, spec.x_shape)}] = {x};")
                 else:
                     x = f"{stage.prefix}xrow[j]"
                 updates = [a.update.replace("{x}", x).replace("{j}", "j") for a in ps.accs if a.update]
@@ -336,6 +339,8 @@ class LoopNest:
                 reduced.emit(f"{dest}[{ix.linear(idx, self.k.type(tensor).shape)}] = {v};")
             full = row_block.child()
             for tensor, dest in stage.full:
+                if stage.xrow and tensor == spec.x:
+                    continue  # stored by the first pass
                 v = self.inl.value(tensor, x_idx, full)
                 full.emit(f"{dest}[{ix.linear(x_idx, spec.x_shape)}] = {v};")
         finally:

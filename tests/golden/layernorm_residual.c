@@ -20,6 +20,7 @@ AF_INTERNAL void k0_add_layernormalization(const float* restrict t_x, const floa
                 const float v7 = t_residual[i1 * 768 + i2];
                 const float v8 = v6 + v7;
                 s0_xrow[j] = v8;
+                t_add_1_out[i1 * 768 + i2] = v8;
                 s0_s1 += (double)v8;
             }
             const float s0_mean = (float)(s0_s1 / 768);
@@ -35,7 +36,6 @@ AF_INTERNAL void k0_add_layernormalization(const float* restrict t_x, const floa
             for (int64_t j = 0; j < 768; ++j) {
                 const int64_t i2 = j;
                 const float v9 = s0_xrow[i2];
-                t_add_1_out[i1 * 768 + i2] = v9;
                 const float v10 = t_const_2[i2];
                 const float v11 = t_const_3[i2];
                 const float v12 = ((float)v9 - s0_mean) * s0_inv * v10 + v11;
