@@ -276,15 +276,14 @@ def model_scores(plans: Sequence[PlanSample], model: CostModel,
     pairs = region_pairs(plans)
     measured = [r.seconds for r in pairs]
 
-    def agreement(pick: Callable[[str], CostModel]) -> tuple[float, int]:
-        predicted = [(_predict(pick(r.family), r.graph, [r.fused]), _predict(pick(r.family), r.graph, r.split))
-                     for r in pairs]
-        return pair_agreement(predicted, measured, MODEL_CLEAR_RATIO)
+    def predicted(pick: Callable[[str], CostModel]) -> list[tuple[float, float]]:
+        return [(_predict(pick(r.family), r.graph, [r.fused]), _predict(pick(r.family), r.graph, r.split))
+                for r in pairs]
 
-    clear, n_clear = agreement(lambda family: model)
-    clear_held, _ = agreement(held_out.__getitem__)
-    everything, n_all = pair_agreement([(_predict(model, r.graph, [r.fused]), _predict(model, r.graph, r.split))
-                                        for r in pairs], measured)
+    own = predicted(lambda family: model)
+    everything, n_all = pair_agreement(own, measured)
+    clear, n_clear = pair_agreement(own, measured, MODEL_CLEAR_RATIO)
+    clear_held, _ = pair_agreement(predicted(held_out.__getitem__), measured, MODEL_CLEAR_RATIO)
     return {"plans": rows, "model_pairs": n_all, "model_pair_agreement": everything,
             "model_pairs_clear": n_clear, "model_pair_agreement_clear": clear,
             "model_pair_agreement_clear_held_out": clear_held}

@@ -9,11 +9,11 @@ materialised outputs, plus the operands its cores read again when they run one a
 bandwidth: the weights' at the cache level all the graph's weights fit in (the rest of the model
 runs between two uses), the rest at the level the kernel's working set fits in. Flops count
 recomputation: a producer inlined into a consumer with a larger iteration space (a broadcast) or
-into a multi-pass reduction is computed once per use, not once per element of its own. A pointwise op whose cost per element the
-profile measured (``op_seconds``, written by calibration) costs that per evaluation; otherwise
-the flops of opaque cores (GEMM, conv) run at the profile's ``matmul_peak_flops`` and those of
-pointwise math routines (exp, erf, sin...) at its ``math_peak_flops`` when it has them, the rest at
-``peak_flops``.
+into a multi-pass reduction is computed once per use, not once per element of its own. A pointwise
+op whose cost per element the profile measured (``op_seconds``, written by calibration) costs that
+per evaluation; otherwise the flops of opaque cores (GEMM, conv) run at the profile's
+``matmul_peak_flops`` and those of pointwise math routines (exp, erf, sin...) at its
+``math_peak_flops`` when it has them, the rest at ``peak_flops``.
 
 Its three parts can be read apart with :meth:`AnalyticCostModel.terms`: the memory cost (bytes the
 kernel moves, and the bytes fusion saved by keeping intermediates in registers), the compute cost
@@ -336,8 +336,7 @@ def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeW
         for i in dict.fromkeys(by_name[n].inputs):
             if i:
                 readers[i] = readers.get(i, 0) + 1
-    shared = any(count > 1 for count in readers.values())
-    in_turn = shared and any(_cores_above(graph, nodes, work)[c] for c in cores)
+    in_turn = any(count > 1 for count in readers.values()) and _cores_in_turn(graph, nodes, work)
     reread = const = 0
     for t, nbytes in read.items():
         extra = nbytes * (readers.get(t, 1) - 1) if in_turn else 0
@@ -347,20 +346,20 @@ def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeW
     return reread, const
 
 
-def _cores_above(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str, frozenset[str]]:
-    """For each node of the group, the opaque cores of the group it depends on."""
+def _cores_in_turn(graph: Graph, nodes: Sequence[str], work: NodeWork) -> bool:
+    """Whether an opaque core of the group depends, inside the group, on another one."""
     members = set(nodes)
-    above: dict[str, frozenset[str]] = {}
+    below_core: set[str] = set()  # nodes of the group that depend on one of its cores
     for name in sorted(members, key=graph.node_index.__getitem__):
-        found: set[str] = set()
         for i in graph.node_by_name[name].inputs:
             producer = graph.producers.get(i) if i else None
-            if producer is not None and producer.name in members:
-                found |= above[producer.name]
-                if work[producer.name].op_class is OpClass.OPAQUE:
-                    found.add(producer.name)
-        above[name] = frozenset(found)
-    return above
+            if producer is not None and producer.name in members and (
+                    producer.name in below_core or work[producer.name].op_class is OpClass.OPAQUE):
+                if work[name].op_class is OpClass.OPAQUE:
+                    return True
+                below_core.add(name)
+                break
+    return False
 
 
 @dataclass(frozen=True)
