@@ -456,3 +456,23 @@ def test_a_crashing_worker_is_a_failed_runner(tmp_path: Path) -> None:
     measured = measure_in_worker(job, "fused")
     assert measured.result is None
     assert measured.failed is not None and "worker process exited with status 1" in measured.failed
+
+
+def test_a_setup_removes_its_own_folder_and_keeps_a_given_one(tmp_path: Path) -> None:
+    import gc
+
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("g")
+    g = b.build([b.op("Relu", b.input("x", (2, 3)))])
+    setup = BenchSetup(g, unfused_plan(g), {"x": np.ones((2, 3), np.float32)}, threads=2)
+    own = setup.workdir
+    (own / "model.onnx").write_bytes(b"x")
+    del setup
+    gc.collect()
+    assert not own.exists()
+    given = BenchSetup(g, unfused_plan(g), {"x": np.ones((2, 3), np.float32)}, threads=2, workdir=tmp_path)
+    (given.workdir / "model.onnx").write_bytes(b"x")
+    del given
+    gc.collect()
+    assert (tmp_path / "model.onnx").exists()

@@ -238,3 +238,18 @@ def test_calls_from_eight_threads_are_correct(problems_from_threads) -> None:
     model = TritonModel(one_group_plan(graph, "gemm_epilogue"), fallback=False)
     feeds = [feeds_for(graph, seed) for seed in range(4)]
     assert problems_from_threads(model, feeds, threads=8, calls=12) == []
+
+
+def test_its_kernel_folder_goes_with_the_model(tmp_path: Path) -> None:
+    import gc
+
+    model = TritonModel(one_group_plan(pointwise_graph(), "multi_output"))
+    folder = model._dir
+    assert any(folder.glob("*.py"))
+    del model
+    gc.collect()
+    assert not folder.exists()  # nothing is left in the temporary folder
+    kept = TritonModel(one_group_plan(pointwise_graph(), "multi_output"), directory=tmp_path)
+    del kept
+    gc.collect()
+    assert any(tmp_path.glob("*.py"))  # a folder the caller gave stays the caller's

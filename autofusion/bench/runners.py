@@ -46,7 +46,12 @@ class BenchSetup:
         self.feeds = dict(feeds)
         self.threads = threads
         self.registry = registry or default_registry()
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="autofusion-bench-"))
+        # a folder of its own is removed with the setup; one passed in is the caller's to remove
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="autofusion-bench-")
+            workdir = Path(self._tmp.name)
+        self.workdir = workdir
 
     @functools.cached_property
     def onnx_bytes(self) -> bytes:

@@ -77,7 +77,12 @@ class TritonModel:
 
         self.plan, self.device = plan, device
         self.registry = registry or plan.registry
-        self._dir = directory or Path(tempfile.mkdtemp(prefix="autofusion_triton_"))
+        # Triton reads a kernel's source file when it compiles: the folder lives as long as the model
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if directory is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="autofusion_triton_")
+            directory = Path(self._tmp.name)
+        self._dir = directory
         steps: list[_Step] = []
         split: dict[str, str] = {}
         for group in plan.groups:
