@@ -228,6 +228,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
         _log(f"autofusion: the graph updates tensors in place where others may read them "
              f"({', '.join(sorted({str(target_key(n) or n.target) for n in hidden}))}); it runs eagerly")
         return gm.forward
+    _split_input_gradients(gm)
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     _log(compile_summary(gm, partitions, label))
@@ -249,6 +250,19 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
         _install(fused, node, runner)
         compiled_any = True
     return fused if compiled_any else gm.forward
+
+
+def _split_input_gradients(gm: Any) -> None:
+    """Each convolution_backward whose input gradient the SuperKernels compute faster (measured,
+    :mod:`autofusion.torch_conv_grad`) leaves only its weight gradient to torch."""
+    from autofusion.frontends.fx_aten import split_weight_gradient
+    from autofusion.torch_conv_grad import ours_faster, splittable
+
+    split = [n for n in gm.graph.nodes if splittable(n) and ours_faster(n)]
+    for node in split:
+        split_weight_gradient(node)
+    if split:
+        gm.recompile()
 
 
 def _is_getitem(node: Any) -> bool:

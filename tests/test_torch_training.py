@@ -3,6 +3,7 @@ compiled as SuperKernels, and each aten op of training graphs (frontends/fx_aten
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Callable
@@ -29,7 +30,10 @@ def aten_graph(fn: Callable[..., Any], *inputs: Any) -> Any:
     """``fn`` traced to aten ops, as aot_autograd hands them to a backend."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    return make_fx(fn)(*inputs)
+    gm = make_fx(fn)(*inputs)
+    gm.graph.eliminate_dead_code()  # tracing reads every output of a tuple; aot_autograd's graphs don't
+    gm.recompile()
+    return gm
 
 
 def check_aten(fn: Callable[..., Any], *inputs: Any, rtol: float = 1e-5, atol: float = 1e-5) -> Any:
@@ -136,6 +140,101 @@ def test_convolution_forward() -> None:
     assert not any(is_convertible(n) for n in gm.graph.nodes if n.op == "call_function")  # transposed: eager
 
 
+# (N, C, H, W, M, kernel, stride, padding, groups): stride phases with one tap or none (a 1x1 kernel
+# at stride 2), padding past a phase's first rows, odd sizes, rectangular kernels, groups
+CONV_GRAD_CASES = [
+    (2, 4, 8, 8, 6, (3, 3), (1, 1), (1, 1), 1),
+    (2, 4, 9, 7, 6, (3, 3), (2, 2), (1, 1), 1),
+    (1, 4, 8, 8, 8, (1, 1), (2, 2), (0, 0), 1),
+    (2, 3, 11, 10, 5, (5, 3), (3, 2), (2, 1), 1),
+    (1, 6, 7, 7, 4, (3, 3), (2, 1), (0, 2), 2),
+    (2, 8, 10, 10, 8, (3, 3), (2, 2), (1, 1), 8),
+]
+
+
+@pytest.mark.parametrize("case", CONV_GRAD_CASES, ids=str)
+def test_convolution_input_and_bias_gradients(case: tuple[Any, ...]) -> None:
+    n, c, h, w, m, k, stride, pad, groups = case
+    x, weight = rand(n, c, h, w), rand(m, c // groups, *k)
+    dy = torch.randn_like(aten.convolution(x, weight, None, list(stride), list(pad), [1, 1], False, [0, 0], groups))
+
+    def grads(dy: Any, x: Any, weight: Any) -> Any:
+        grad = aten.convolution_backward(dy, x, weight, [m], list(stride), list(pad), [1, 1], False, [0, 0],
+                                         groups, [True, False, True])
+        return grad[0], grad[2]
+
+    check_aten(grads, dy, x, weight, rtol=1e-4, atol=1e-4)
+
+
+def test_convolution_input_gradient_over_many_geometries() -> None:
+    """The stride-phase Convs against torch in the reference interpreter, every combination."""
+    from autofusion.frontends.conv_grad import conv2d_input_grad
+    from autofusion.ir.builder import GraphBuilder
+
+    checked = 0
+    for h, k, stride, pad, groups in itertools.product((5, 8), (1, 2, 3, 5), (1, 2, 3), (0, 1, 2), (1, 2)):
+        x, weight = rand(2, 4, h, h + 1), rand(6, 4 // groups, k, 3)
+        try:
+            y = aten.convolution(x, weight, None, [stride, 1], [pad, 1], [1, 1], False, [0, 0], groups)
+        except RuntimeError:  # padding beyond the kernel, or no output
+            continue
+        dy = torch.randn_like(y)
+        want = aten.convolution_backward(dy, x, weight, None, [stride, 1], [pad, 1], [1, 1], False, [0, 0], groups,
+                                         [True, False, False])[0]
+        b = GraphBuilder("grad")
+        out = conv2d_input_grad(b, b.input("dy", tuple(dy.shape)), b.input("w", tuple(weight.shape)),
+                                (h, h + 1), (stride, 1), (pad, 1), groups)
+        got = run_graph(b.build([out]), {"dy": dy.numpy(), "w": weight.numpy()})[out]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4, err_msg=str((h, k, stride, pad, groups)))
+        checked += 1
+    assert checked > 100
+
+
+def test_a_weight_gradient_gets_a_node_of_its_own() -> None:
+    from autofusion.frontends.fx_aten import split_weight_gradient
+
+    x, weight, dy = rand(2, 4, 8, 8), rand(6, 4, 3, 3), rand(2, 6, 4, 4)
+
+    def grads(dy: Any, x: Any, weight: Any) -> Any:
+        return aten.convolution_backward(dy, x, weight, [6], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+
+    gm = aten_graph(grads, dy, x, weight)
+    node = next(n for n in gm.graph.nodes if "convolution_backward" in str(n.target))
+    assert not is_convertible(node)  # it asks for the weight gradient
+    weight_node = split_weight_gradient(node)
+    gm.recompile()
+    assert list(node.args[10]) == [True, False, True] and list(weight_node.args[10]) == [False, True, False]
+    assert is_convertible(node) and not is_convertible(weight_node)
+    readers = {u.args[1]: u for u in [*node.users, *weight_node.users]}
+    assert readers[1].args[0] is weight_node and readers[0].args[0] is readers[2].args[0] is node
+    assert is_convertible(readers[0]) and is_convertible(readers[2]) and not is_convertible(readers[1])
+    for got, want in zip(gm(dy, x, weight), grads(dy, x, weight)):
+        torch.testing.assert_close(got, want)
+
+
+def test_the_input_gradient_is_measured_once_per_geometry(monkeypatch: Any) -> None:
+    import autofusion.bench.timing as timing
+    import autofusion.torch_conv_grad as conv_grad
+
+    x, weight, dy = rand(2, 4, 8, 8), rand(6, 4, 3, 3), rand(2, 6, 4, 4)
+    gm = aten_graph(lambda dy, x, w: aten.convolution_backward(dy, x, w, [6], [2, 2], [1, 1], [1, 1], False, [0, 0],
+                                                               1, [True, True, True]), dy, x, weight)
+    node = next(n for n in gm.graph.nodes if "convolution_backward" in str(n.target))
+    assert conv_grad.splittable(node)
+    timed: list[dict[str, float]] = []
+
+    def fake_medians(runners: Any, **_: Any) -> dict[str, float]:
+        for run in runners.values():
+            run()  # both compute: ours was checked against torch's before
+        timed.append({"ours": 1.0, "torch": 2.0} if not timed else {"ours": 2.0, "torch": 1.0})
+        return timed[-1]
+
+    monkeypatch.setattr(conv_grad, "_choices", {})
+    monkeypatch.setattr(timing, "round_robin_medians", fake_medians)
+    assert conv_grad.ours_faster(node) and conv_grad.ours_faster(node)  # the second answer is the first's
+    assert len(timed) == 1
+
+
 def test_unsupported_backward_forms_stay_eager() -> None:
     dy, x = rand(5, 33), rand(5, 33)
     gm = aten_graph(lambda dy, x: aten.gelu_backward(dy, x, approximate="tanh"), dy, x)
@@ -147,13 +246,17 @@ def test_unsupported_backward_forms_stay_eager() -> None:
     assert not any(is_convertible(n) for n in gm.graph.nodes if "native_layer_norm_backward" in str(n.target))
 
 
-@pytest.mark.parametrize("name", ["encoder", "cnn"])
-def test_training_steps_match_eager(name: str, caplog: Any) -> None:
+@pytest.mark.parametrize("name", ["encoder", "cnn", "cnn-split"])
+def test_training_steps_match_eager(name: str, caplog: Any, monkeypatch: Any) -> None:
     """20 SGD steps with backend="autofusion" against eager: every step's loss and the parameters
     after the last within 1e-4 relative. The encoder's forward and backward graphs each compile
-    whole, as one partition; the CNN's convolution backward stays eager, the rest
-    (its batch norm in training mode and its backward, the ReLU backwards, the linear layer's and
-    the loss's gradients) is compiled."""
+    whole, as one partition. The CNN's weight gradients stay with torch; its input gradient is
+    compiled when measured faster (``cnn-split``: the backward is then one partition), else it stays
+    with them too; the rest (its batch norm in training mode and its backward, the ReLU backwards,
+    the linear layer's and the loss's gradients) is compiled."""
+    import autofusion.torch_conv_grad as conv_grad
+
+    monkeypatch.setattr(conv_grad, "ours_faster", lambda node: name == "cnn-split")
     torch.manual_seed(0)
     model = transformer_encoder(d=32, heads=4, outputs=4) if name == "encoder" else small_cnn(width=8)
     data = (torch.randn(2, 8, 32), torch.randn(2, 8, 4)) if name == "encoder" else (
@@ -172,11 +275,14 @@ def test_training_steps_match_eager(name: str, caplog: Any) -> None:
     if name == "encoder":
         assert "in 1 partition(s); left to eager: none" in forward, forward
         assert "in 1 partition(s); left to eager: none" in backward, backward
+        return
+    # one partition; only the batch norm's int64 step counter (num_batches_tracked + 1) stays eager
+    assert "in 1 partition(s); left to eager: add (output not a static float32 tensor) x1" in forward, forward
+    assert "threshold_backward" not in backward and "batch_norm" not in backward, backward
+    if name == "cnn-split":  # the two weight gradients alone are torch's
+        assert "in 1 partition(s); left to eager: convolution_backward (arguments not supported) x2" in backward
     else:
-        # one partition; only the batch norm's int64 step counter (num_batches_tracked + 1) stays eager
-        assert "in 1 partition(s); left to eager: add (output not a static float32 tensor) x1" in forward, forward
-        assert "convolution_backward (op not supported)" in backward and "threshold_backward" not in backward
-        assert "batch_norm" not in backward, backward
+        assert "in 2 partition(s)" in backward and "convolution_backward (arguments not supported) x2" in backward
 
 
 def test_threshold_backward_passes_the_gradient_of_a_nan() -> None:

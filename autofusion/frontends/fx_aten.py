@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.frontends.conv_grad import conv2d_input_grad
 from autofusion.frontends.fx_nodes import (
     Converter,
     Handler,
@@ -244,6 +245,64 @@ def _convolution_ok(node: Any) -> bool:
             and all(len(node.args[i]) == 2 for i in (3, 4, 5)))
 
 
+def _convolution_backward(cv: Converter, node: Any) -> str:
+    """``convolution_backward(dy, x, w, bias_sizes, stride, padding, dilation, transposed,
+    output_padding, groups, output_mask)``: the input gradient as stride-phase Convs
+    (:mod:`conv_grad`) and the bias gradient as a sum; the weight gradient is not converted
+    (:func:`split_weight_gradient` gives it a node of its own, left to torch)."""
+    dy_node, x_node, w_node = node.args[:3]
+    stride, padding, groups, mask = node.args[4], node.args[5], int(node.args[9]), node.args[10]
+    dy = cv.tensor(dy_node)
+    grad_input = grad_bias = None
+    if mask[0]:
+        hw = tuple(shape_of(x_node)[2:])
+        grad_input = conv2d_input_grad(cv.b, dy, cv.tensor(w_node), (hw[0], hw[1]), (stride[0], stride[1]),
+                                       (padding[0], padding[1]), groups)
+    if mask[2]:
+        grad_bias = cv.b.op("ReduceSum", dy, _axes(cv, [0, 2, 3]), keepdims=0)
+    cv.multi[node] = (grad_input, None, grad_bias)
+    return grad_input or grad_bias or ""
+
+
+def _convolution_backward_ok(node: Any) -> bool:
+    """2-D, not transposed, dilation 1, and the weight gradient not asked for."""
+    if len(node.args) != 11 or node.kwargs:
+        return False
+    _, _, _, _, stride, padding, dilation, transposed, _, groups, mask = node.args
+    return (not transposed and list(dilation) == [1, 1] and len(stride) == 2 and len(padding) == 2
+            and isinstance(groups, int) and len(shape_of(node.args[1])) == 4 and not mask[1]
+            and bool(mask[0] or mask[2]))
+
+
+def output_computed(node: Any, index: int) -> bool:
+    """Whether the converted ``node`` computes its output ``index`` (a convolution_backward only the
+    outputs its mask asks for, and never the weight gradient)."""
+    if node.target is not None and "convolution_backward" in str(node.target):
+        return index != 1 and bool(node.args[10][index])
+    return True
+
+
+def split_weight_gradient(node: Any) -> Any:
+    """Give a ``convolution_backward`` that asks for its weight gradient and its input gradient a
+    second node for the weight gradient alone (output mask [F, T, F]), and leave the first asking
+    for the others; its getitem of the weight gradient reads the new node. Returns the new node.
+    torch's weight gradient beats the Convs it could be spelled in (see the docs); the input
+    gradient may not."""
+    graph, mask = node.graph, list(node.args[10])
+    with graph.inserting_after(node):
+        weight = graph.call_function(node.target, (*node.args[:10], [False, True, False]), dict(node.kwargs))
+    for key in ("val", "example_value"):
+        value = node.meta.get(key)
+        if isinstance(value, (tuple, list)) and len(value) == 3:
+            weight.meta[key] = (None, value[1], None)
+            node.meta[key] = (value[0], None, value[2])
+    node.args = (*node.args[:10], [mask[0], False, mask[2]])
+    for user in list(node.users):
+        if user.op == "call_function" and len(user.args) == 2 and user.args[1] == 1:
+            user.replace_input_with(node, weight)
+    return weight
+
+
 HANDLERS: Mapping[str, Handler] = {
     "expand": _expand,
     "clone": convert_identity,
@@ -262,6 +321,7 @@ HANDLERS: Mapping[str, Handler] = {
     "convolution": _convolution,
     "_native_batch_norm_legit_functional": _batch_norm_training,
     "native_batch_norm_backward": _batch_norm_backward,
+    "convolution_backward": _convolution_backward,
 }
 
 ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
@@ -279,11 +339,13 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "convolution": _convolution_ok,
     "_native_batch_norm_legit_functional": _batch_norm_training_ok,
     "native_batch_norm_backward": _batch_norm_backward_ok,
+    "convolution_backward": _convolution_backward_ok,
 }
 
 MULTI_OUTPUT = frozenset({"native_layer_norm", "native_layer_norm_backward", "_native_batch_norm_legit_functional",
-                          "native_batch_norm_backward"})  # tuples read by getitem
+                          "native_batch_norm_backward", "convolution_backward"})  # tuples read by getitem
 # ops whose result is storage of its own (an in-place update of it is private)
 FRESH_STORAGE = frozenset({"sum", "mean", "_softmax", "native_layer_norm", "gelu_backward", "_softmax_backward_data",
                            "threshold_backward", "tanh_backward", "sigmoid_backward", "convolution", "clone",
-                           "_native_batch_norm_legit_functional", "native_batch_norm_backward"})
+                           "_native_batch_norm_legit_functional", "native_batch_norm_backward",
+                           "convolution_backward"})

@@ -150,7 +150,9 @@ def _tensor_args_ok(node: Any) -> bool:
         if len(found) != 1:
             return False
         if target_key(found[0]) in MULTI_OUTPUT:
-            return static_float_tensors(example_value(found[0]))
+            index = node.args[1] if len(node.args) == 2 else None
+            return (static_float_tensors(example_value(found[0])) and isinstance(index, int)
+                    and fx_aten.output_computed(found[0], index))
         return static_float_tensor(example_value(found[0]))  # a tensor indexed by slices and ints
     return all(static_float_tensor(example_value(a)) for a in found)
 
@@ -357,7 +359,10 @@ def _getitem(cv: Converter, node: Any) -> str:
     """One tensor of a split's tuple, or a tensor indexed by slices, ints, None and ``...``."""
     source, index = node.args
     if source in cv.multi:
-        return cv.parts(source)[int(index)]
+        part = cv.parts(source)[int(index)]
+        if part is None:
+            raise FxConversionError(f"node {node.name} reads an output {source.name} does not compute")
+        return part
     shape = shape_of(source)
     items = list(index) if isinstance(index, tuple) else [index]
     if Ellipsis in items:
@@ -587,10 +592,12 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
             if not is_convertible(node):
                 raise FxConversionError(f"node {node.name} ({node.target}) is not supported")
             env[node] = HANDLERS[target_key(node) or ""](cv, node)
-            got = [builder.type_of(t).shape for t in cv.multi.get(node, (env[node],))]
             values = example_value(node)
-            expected = [tuple(int(d) for d in v.shape) for v in (values if node in cv.multi else (values,))]
-            if got != expected:
+            made = zip(cv.multi.get(node, (env[node],)), values if node in cv.multi else (values,))
+            pairs = [(t, v) for t, v in made if t is not None]  # an output not asked for has no tensor
+            got = [builder.type_of(t).shape for t, _ in pairs]
+            expected = [tuple(int(d) for d in v.shape) for _, v in pairs]
+            if got != expected or any(v is None for _, v in pairs):
                 raise FxConversionError(f"node {node.name}: IR shape {got} differs from torch's {expected}")
         else:
             raise FxConversionError(f"FX node kind {node.op!r} is not supported")

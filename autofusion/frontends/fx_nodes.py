@@ -85,8 +85,10 @@ def real_value(node: Any) -> Any:
 
 
 def static_float_tensors(value: Any) -> bool:
-    """A tuple or list of static float32 tensors (what a split returns)."""
-    return isinstance(value, (tuple, list)) and bool(value) and all(static_float_tensor(v) for v in value)
+    """A tuple or list of static float32 tensors (what a split returns), None where an output was not
+    asked for (convolution_backward's output mask)."""
+    return (isinstance(value, (tuple, list)) and any(v is not None for v in value)
+            and all(v is None or static_float_tensor(v) for v in value))
 
 
 class Converter:
@@ -94,7 +96,8 @@ class Converter:
         self.b = builder
         self.env = env
         self.consts: dict[str, np.ndarray] = {}
-        self.multi: dict[Any, tuple[str, ...]] = {}  # a split's node -> its parts
+        # a split's node -> its parts (None for one a convolution_backward is not asked for)
+        self.multi: dict[Any, tuple[str | None, ...]] = {}
         self.transposes: dict[str, tuple[str, tuple[int, ...]]] = {}  # a Transpose's output -> (input, perm)
 
     def transpose(self, x: str, perm: Sequence[int]) -> str:
@@ -118,7 +121,7 @@ class Converter:
             return self.env[arg]
         raise FxConversionError(f"argument {arg!r} is not a tensor the converter knows")
 
-    def parts(self, arg: Any) -> tuple[str, ...]:
+    def parts(self, arg: Any) -> tuple[str | None, ...]:
         """The IR tensors of a multi-output node (a split)."""
         found = self.multi.get(arg)
         if found is None:
