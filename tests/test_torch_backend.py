@@ -586,10 +586,13 @@ class MaskedAttention(nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
 
 
-def test_a_padding_mask_built_from_index_tensors_compiles_and_matches():
-    """operator.and_ is not an in-place update; torch's partitioner, which pulls getitems into
-    their source's partition, is never handed a getitem it would move back and forth (it looped
-    forever on this graph); a boolean SDPA mask is a Where."""
+def test_a_padding_mask_built_from_index_tensors_compiles_and_matches(caplog):
+    """The mask is built inside the partition: ``mask.bool()`` a Cast, the mask indexed by the
+    arange index tensors a Gather, ``&`` an And (operator.and_ is not an in-place update), a boolean
+    SDPA mask a Where. torch's partitioner, which pulls getitems into their source's partition, is
+    never handed a getitem it would move back and forth (it looped forever on this graph)."""
+    import operator
+
     from autofusion.frontends.fx_import import mutates
 
     torch.manual_seed(0)
@@ -597,12 +600,59 @@ def test_a_padding_mask_built_from_index_tensors_compiles_and_matches():
     x = torch.randn(2, 6, 16)
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1, 4:] = 0
-    recorder = Recorder()
-    _check(model, x, mask, backend=recorder)
-    assert recorder.compiled_partitions() >= 1
-    gm = recorder.results[0] if isinstance(recorder.results[0], torch.fx.GraphModule) else None
-    assert gm is not None
-    import operator
+    graphs = []
 
-    ands = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is operator.and_]
+    def backend(gm, example_inputs):
+        graphs.append(copy.deepcopy(gm.graph))
+        return Recorder()(gm, example_inputs)
+
+    with caplog.at_level("INFO", logger="autofusion.torch"):
+        _check(model, x, mask, backend=backend)
+    assert any("23 fused in 1 partition(s); left to eager: none" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
+    ands = [n for n in graphs[0].nodes if n.op == "call_function" and n.target is operator.and_]
     assert ands and not any(mutates(n) for n in ands)
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+MASK_OPS = {
+    # BERT's additive mask from int64 ids: a cast, a scalar compare, arithmetic in float
+    "bert_additive": (lambda x, ids: x + (1.0 - (ids != 0).float())[:, None, :] * -10000.0,
+                      lambda: (torch.randn(2, 3, 5), torch.tensor([[3, 1, 0, 0, 7], [0, 2, 2, 0, 1]]))),
+    "casts": (lambda x, ids: (ids.to(torch.bool), ids.long() == ids.to(torch.float32).to("cpu").long(),
+                              x.to(torch.int64), (x > 0).to(x.dtype) * x),
+              lambda: (torch.randn(3, 4) * 3, torch.tensor([[0, 1, -2, 5]]))),
+    "logic": (lambda a, b: ((a > 0) & (b < 0), (a > 0) | ~(b >= 0), (a <= b) ^ (a == 0.5), torch.logical_not(a < b)),
+              lambda: (torch.randn(4, 6), torch.randn(4, 6))),
+    "int_compare": (lambda ids, other: (ids > 2, ids < -1, ids <= other, ids == 3, ids != other),
+                    lambda: (torch.arange(-4, 8).view(3, 4), torch.tensor([[0, 1, 7, -3]]))),
+    "views_of_ids": (lambda ids: ids.view(-1).unsqueeze(0).expand(2, -1).permute(1, 0).reshape(4, 6) == 3,
+                     lambda: (torch.arange(12).view(3, 4) % 5,)),
+    # indexing by index tensors over the leading axes: broadcast aranges, negative entries, a kept axis
+    "index_tensors": (lambda x, mask: (x[torch.arange(4)[:, None], torch.tensor([[-1, 0, 2]])],
+                                       mask.bool()[torch.arange(2)[:, None, None], torch.arange(5)[None, None, :]]),
+                      lambda: (torch.randn(4, 5, 3), torch.tensor([[1, 1, 0, 0, 1], [1, 0, 1, 1, 1]]))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASK_OPS))
+def test_mask_building_ops_compile_in_the_partition(case, caplog):
+    fn, inputs = MASK_OPS[case]
+    with caplog.at_level("INFO", logger="autofusion.torch"):
+        _check(_Fn(fn), *inputs())
+    lines = [r.getMessage() for r in caplog.records if "partition(s)" in r.getMessage()]
+    assert lines and all("in 1 partition(s); left to eager: none" in line for line in lines), lines
+
+
+def test_an_index_tensor_out_of_range_stays_eager_with_torch_s_error():
+    model = _Fn(lambda x: x[torch.tensor([0, 5])])
+    with torch.no_grad(), pytest.raises(Exception, match="out of bounds|out of range"):
+        torch.compile(model, backend="autofusion")(torch.randn(3, 2))

@@ -66,10 +66,6 @@ def _reduce_ok(node: Any) -> bool:
     return node.kwargs.get("dtype") is None and len(node.args) <= 3 and len(shape_of(node.args[0])) > 0
 
 
-def _expand(cv: Converter, node: Any) -> str:
-    return cv.b.op("Expand", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
-
-
 def _normalized_axes(x: Any, normalized_shape: Any) -> list[int]:
     """The trailing axes of ``x`` a layer norm over ``normalized_shape`` normalises."""
     rank = len(shape_of(x))
@@ -304,7 +300,6 @@ def split_weight_gradient(node: Any) -> Any:
 
 
 HANDLERS: Mapping[str, Handler] = {
-    "expand": _expand,
     "clone": convert_identity,
     "detach": convert_identity,
     "_unsafe_view": convert_reshape,
@@ -325,7 +320,6 @@ HANDLERS: Mapping[str, Handler] = {
 }
 
 ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
-    "expand": lambda node: len(node.args) == 2 and not node.kwargs.get("implicit", False),
     "clone": lambda node: len(node.args) == 1,
     "detach": lambda node: len(node.args) == 1 and not node.kwargs,
     "_softmax": lambda node: len(node.args) == 3 and not node.args[2] and len(shape_of(node.args[0])) > 0,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.frontends import fx_aten
+from autofusion.frontends import fx_aten, fx_masks
 from autofusion.frontends.fx_nodes import (
     Converter,
     FxConversionError,
@@ -44,9 +44,16 @@ def is_convertible(node: Any) -> bool:
     """Whether ``node`` is a torch op this converter handles with a static float32 output (a tuple
     of them for a split), or one computed from frozen module state alone (:func:`foldable`)."""
     key = target_key(node)
-    value = example_value(node)
-    produced = static_float_tensors(value) if key in MULTI_OUTPUT else static_float_tensor(value)
-    return (key in HANDLERS and produced and _tensor_args_ok(node) and _args_ok(node)) or foldable(node)
+    return (key in HANDLERS and _produces(key, example_value(node)) and _tensor_args_ok(node)
+            and _args_ok(node)) or foldable(node)
+
+
+def _produces(key: str | None, value: Any) -> bool:
+    """Whether ``value`` is what op ``key`` may give a partition: static float32 tensors, or for the
+    mask-building ops (fx_masks.ANY_DTYPE) static int64 and bool ones too."""
+    if key in MULTI_OUTPUT:
+        return static_float_tensors(value)
+    return static_tensor(value) if key in fx_masks.ANY_DTYPE else static_float_tensor(value)
 
 
 FOLD_MAX_ELEMENTS = 1 << 22  # larger results of frozen state stay eager rather than become constants
@@ -125,9 +132,9 @@ def why_not_convertible(node: Any) -> str:
     key = target_key(node)
     if key not in HANDLERS:
         return "op not supported"
-    value = example_value(node)
-    if not (static_float_tensors(value) if key in MULTI_OUTPUT else static_float_tensor(value)):
-        return "output not a static float32 tensor"
+    if not _produces(key, example_value(node)):
+        return "output not a static float32 tensor" if key not in fx_masks.ANY_DTYPE else \
+            "output not a static float32, int64 or bool tensor"
     if not _tensor_args_ok(node):
         return "an input not a static float32 tensor"
     if not _args_ok(node):
@@ -147,13 +154,19 @@ def _tensor_args_ok(node: Any) -> bool:
         return (len(found) == 2 and found[0] is node.args[0] and _int64_tensor(example_value(found[0]))
                 and static_float_tensor(example_value(found[1])))
     if target_key(node) == "getitem":
+        indices = fx_masks.advanced_indices(node) if len(node.args) == 2 else None
+        if indices is not None:  # x[i, j] by constant index tensors
+            return static_tensor(example_value(node.args[0])) and all(foldable(i) for i in indices) and len(
+                found) == len(indices) + 1
         if len(found) != 1:
             return False
         if target_key(found[0]) in MULTI_OUTPUT:
             index = node.args[1] if len(node.args) == 2 else None
             return (static_float_tensors(example_value(found[0])) and isinstance(index, int)
                     and fx_aten.output_computed(found[0], index))
-        return static_float_tensor(example_value(found[0]))  # a tensor indexed by slices and ints
+        return static_tensor(example_value(found[0]))  # a tensor indexed by slices and ints
+    if target_key(node) in fx_masks.ANY_DTYPE:
+        return all(static_tensor(example_value(a)) for a in found)
     return all(static_float_tensor(example_value(a)) for a in found)
 
 
@@ -358,6 +371,9 @@ def _split(cv: Converter, node: Any) -> str:
 def _getitem(cv: Converter, node: Any) -> str:
     """One tensor of a split's tuple, or a tensor indexed by slices, ints, None and ``...``."""
     source, index = node.args
+    indices = fx_masks.advanced_indices(node)
+    if indices is not None:
+        return fx_masks.advanced_index(cv, node, indices)
     if source in cv.multi:
         part = cv.parts(source)[int(index)]
         if part is None:
@@ -391,6 +407,8 @@ def _getitem(cv: Converter, node: Any) -> str:
 def _getitem_ok(node: Any) -> bool:
     if len(node.args) != 2:
         return False
+    if fx_masks.advanced_indices(node) is not None:
+        return True
     index = node.args[1]
     if isinstance(index, int):
         return True
@@ -507,6 +525,7 @@ HANDLERS: Mapping[str, Handler] = {
     "contiguous": convert_identity,
     "dropout": convert_identity,
     **fx_aten.HANDLERS,  # the ops of training graphs (aot_autograd)
+    **fx_masks.HANDLERS,  # the ops that build attention masks
 }
 
 ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
@@ -533,6 +552,7 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "getitem": _getitem_ok,
     "scaled_dot_product_attention": _attention_ok,
     **fx_aten.ARG_CHECKS,
+    **fx_masks.ARG_CHECKS,
 }
 MULTI_OUTPUT = frozenset({"split"}) | fx_aten.MULTI_OUTPUT  # ops whose value is a tuple of tensors
 # ops whose result is storage of its own, never a view of an input (an in-place update of it is private)
@@ -616,6 +636,11 @@ def folded_value(node: Any) -> Any:
         if n not in values:
             if n.op == "placeholder":
                 values[n] = real_value(n)
+            elif n.op == "get_attr":  # a constant Dynamo lifted onto the module
+                values[n] = _attribute(n.graph.owning_module, str(n.target))
+            elif n.op == "call_module":  # a partition of foldable ops: its own torch ops compute it
+                args = [value_of(a) for a in n.args]
+                values[n] = n.graph.owning_module.get_submodule(str(n.target))(*args)
             else:
                 for a in _node_args(n):
                     value_of(a)
@@ -623,6 +648,12 @@ def folded_value(node: Any) -> Any:
         return values[n]
 
     return value_of(node)
+
+
+def _attribute(module: Any, target: str) -> Any:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def _computable(node: Any, values: Mapping[Any, Any]) -> bool:

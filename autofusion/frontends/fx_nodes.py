@@ -31,7 +31,8 @@ def target_key(node: Any) -> str | None:
         return str(opname)
     module = getattr(target, "__module__", None) or ""
     if target in (operator.add, operator.mul, operator.sub, operator.truediv, operator.matmul, operator.neg,
-                  operator.getitem):
+                  operator.getitem, operator.and_, operator.or_, operator.xor, operator.invert, operator.ge,
+                  operator.gt, operator.le, operator.lt, operator.eq, operator.ne):
         return target.__name__
     if module == "torch" or module.startswith("torch.") or module.startswith("torch._C"):
         return getattr(target, "__name__", None)
