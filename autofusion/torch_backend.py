@@ -254,14 +254,25 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
 
 def _split_input_gradients(gm: Any) -> None:
     """Each convolution_backward whose input gradient the SuperKernels compute faster (measured,
-    :mod:`autofusion.torch_conv_grad`) leaves only its weight gradient to torch."""
-    from autofusion.frontends.fx_aten import split_weight_gradient
-    from autofusion.torch_conv_grad import ours_faster, splittable
+    :mod:`autofusion.torch_conv_grad`) leaves only its weight gradient to torch; the others stay
+    with torch whole."""
+    from autofusion.frontends.fx_aten import TORCH_INPUT_GRAD, split_weight_gradient
+    from autofusion.torch_conv_grad import measurable, ours_faster
 
-    split = [n for n in gm.graph.nodes if splittable(n) and ours_faster(n)]
-    for node in split:
-        split_weight_gradient(node)
-    if split:
+    changed = False
+    for node in [n for n in gm.graph.nodes if measurable(n)]:
+        try:
+            faster = ours_faster(node)
+        except Exception as exc:  # noqa: BLE001 - whatever fails in measuring, torch computes the node
+            warnings.warn(f"autofusion: {node.name}'s input gradient stays with torch ({type(exc).__name__}: {exc})",
+                          AutofusionFallbackWarning, stacklevel=2)
+            faster = False
+        if not faster:
+            node.meta[TORCH_INPUT_GRAD] = True
+        elif node.args[10][1]:
+            split_weight_gradient(node)
+            changed = True
+    if changed:
         gm.recompile()
 
 

@@ -8,13 +8,14 @@ channels, and faster on others (a stride-1 3x3 layer of 32 channels: 1.6x). So f
 of a backward graph, both are timed once, round-robin on the node's shapes, and the faster one
 computes it. When it is ours, the node is split (:func:`~autofusion.frontends.fx_aten.split_weight_gradient`):
 the weight gradient stays with torch, the input and bias gradients join the SuperKernel partition.
+When it is torch's, the node is marked to stay eager (:data:`~autofusion.frontends.fx_aten.TORCH_INPUT_GRAD`),
+also when it asks for no weight gradient.
 Choices are kept per process, by shapes, geometry and thread counts.
 """
 
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,19 +24,19 @@ MIN_SECONDS = 0.01  # per runner and round: a few calls of a millisecond kernel
 MARGIN = 1.05  # ours must be this much faster: a coin flip should not move work out of torch
 
 _choices: dict[tuple[Any, ...], bool] = {}
-_lock = threading.Lock()
+_lock = threading.Lock()  # held while measuring
 
 
-def splittable(node: Any) -> bool:
-    """A ``convolution_backward`` asking for its input and weight gradients whose input gradient the
-    converter takes: 2-D, not transposed, dilation 1, static float32 tensors."""
+def measurable(node: Any) -> bool:
+    """A ``convolution_backward`` asking for its input gradient in a form the converter takes: 2-D,
+    not transposed, dilation 1, static float32 tensors, positional arguments."""
     from autofusion.frontends.fx_import import example_value, static_float_tensor, target_key
 
     if target_key(node) != "convolution_backward" or len(node.args) != 11 or node.kwargs:
         return False
     _, _, _, _, stride, padding, dilation, transposed, _, groups, mask = node.args
     tensors = [example_value(a) for a in node.args[:3]]
-    return (bool(mask[0]) and bool(mask[1]) and not transposed and list(dilation) == [1, 1]
+    return (bool(mask[0]) and not transposed and list(dilation) == [1, 1]
             and len(stride) == 2 and len(padding) == 2 and isinstance(groups, int)
             and all(static_float_tensor(t) and t.dim() == 4 for t in tensors))
 
@@ -53,26 +54,19 @@ def _key(node: Any) -> tuple[Any, ...]:
 
 def ours_faster(node: Any) -> bool:
     """Whether the stride-phase Convs compute this node's input gradient faster than torch does, each
-    with the threads it would run with (the partitions' and torch's own)."""
-    key = _key(node)
-    with _lock:
-        if key in _choices:
-            return _choices[key]
+    with the threads it would run with (the partitions' and torch's own). Raises what building or
+    running either side raises (the caller leaves the node with torch); one measurement at a time,
+    as two would slow each other down."""
     from autofusion.bench.timing import round_robin_medians
 
-    try:
-        ours, theirs = _runners(node)
-    except (ValueError, RuntimeError, OSError) as exc:  # conversion, compile or a mismatch: torch keeps it
-        warnings.warn(f"autofusion: {node.name}'s input gradient stays with torch ({type(exc).__name__}: {exc})",
-                      stacklevel=2)
-        choice = False
-    else:
-        times = round_robin_medians({"ours": ours, "torch": theirs}, rounds=ROUNDS, min_seconds=MIN_SECONDS,
-                                    pause_seconds=0.0)
-        choice = times["ours"] * MARGIN < times["torch"]
+    key = _key(node)
     with _lock:
-        _choices[key] = choice
-    return choice
+        if key not in _choices:
+            ours, theirs = _runners(node)
+            times = round_robin_medians({"ours": ours, "torch": theirs}, rounds=ROUNDS, min_seconds=MIN_SECONDS,
+                                        pause_seconds=0.0)
+            _choices[key] = times["ours"] * MARGIN < times["torch"]
+        return _choices[key]
 
 
 def _runners(node: Any) -> tuple[Callable[[], object], Callable[[], object]]:

@@ -172,20 +172,24 @@ def test_convolution_input_gradient_over_many_geometries() -> None:
     from autofusion.ir.builder import GraphBuilder
 
     checked = 0
+    # rows and columns each: size, kernel, stride, padding; the column axis cycles through its own
+    columns = itertools.cycle(itertools.product((6, 7), (1, 3, 4), (1, 2, 3), (0, 1, 3)))
     for h, k, stride, pad, groups in itertools.product((5, 8), (1, 2, 3, 5), (1, 2, 3), (0, 1, 2), (1, 2)):
-        x, weight = rand(2, 4, h, h + 1), rand(6, 4 // groups, k, 3)
+        w, kw, sw, pw = next(columns)
+        x, weight = rand(2, 4, h, w), rand(6, 4 // groups, k, kw)
         try:
-            y = aten.convolution(x, weight, None, [stride, 1], [pad, 1], [1, 1], False, [0, 0], groups)
+            y = aten.convolution(x, weight, None, [stride, sw], [pad, pw], [1, 1], False, [0, 0], groups)
         except RuntimeError:  # padding beyond the kernel, or no output
             continue
         dy = torch.randn_like(y)
-        want = aten.convolution_backward(dy, x, weight, None, [stride, 1], [pad, 1], [1, 1], False, [0, 0], groups,
-                                         [True, False, False])[0]
+        want = aten.convolution_backward(dy, x, weight, None, [stride, sw], [pad, pw], [1, 1], False, [0, 0],
+                                         groups, [True, False, False])[0]
         b = GraphBuilder("grad")
         out = conv2d_input_grad(b, b.input("dy", tuple(dy.shape)), b.input("w", tuple(weight.shape)),
-                                (h, h + 1), (stride, 1), (pad, 1), groups)
+                                (h, w), (stride, sw), (pad, pw), groups)
         got = run_graph(b.build([out]), {"dy": dy.numpy(), "w": weight.numpy()})[out]
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4, err_msg=str((h, k, stride, pad, groups)))
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4,
+                                   err_msg=str((h, k, stride, pad, w, kw, sw, pw, groups)))
         checked += 1
     assert checked > 100
 
@@ -220,7 +224,7 @@ def test_the_input_gradient_is_measured_once_per_geometry(monkeypatch: Any) -> N
     gm = aten_graph(lambda dy, x, w: aten.convolution_backward(dy, x, w, [6], [2, 2], [1, 1], [1, 1], False, [0, 0],
                                                                1, [True, True, True]), dy, x, weight)
     node = next(n for n in gm.graph.nodes if "convolution_backward" in str(n.target))
-    assert conv_grad.splittable(node)
+    assert conv_grad.measurable(node)
     timed: list[dict[str, float]] = []
 
     def fake_medians(runners: Any, **_: Any) -> dict[str, float]:
@@ -295,3 +299,34 @@ def test_threshold_backward_passes_the_gradient_of_a_nan() -> None:
 def test_zero_dimensional_reductions_stay_eager() -> None:
     gm = aten_graph(lambda x: aten.sum.dim_IntList(x, [0]) + 1.0, torch.tensor(2.0))
     assert not any(is_convertible(n) for n in gm.graph.nodes if "sum" in str(n.target))
+
+
+def test_torch_keeps_an_input_gradient_it_computes_faster_or_that_fails_to_measure(monkeypatch: Any) -> None:
+    """A node whose measurement says torch, or whose measurement fails (with a warning), stays whole
+    and eager; one asking for no weight gradient too."""
+    import autofusion.torch_conv_grad as conv_grad
+    from autofusion.frontends.fx_aten import TORCH_INPUT_GRAD
+    from autofusion.torch_backend import _split_input_gradients
+
+    x, weight, dy = rand(2, 4, 8, 8), rand(6, 4, 3, 3), rand(2, 6, 4, 4)
+
+    def graph(mask: list[bool]) -> Any:
+        return aten_graph(lambda dy, x, w: aten.convolution_backward(dy, x, w, [6], [2, 2], [1, 1], [1, 1], False,
+                                                                     [0, 0], 1, mask), dy, x, weight)
+
+    def broken(node: Any) -> Any:
+        raise AssertionError("a compiler bug")
+
+    monkeypatch.setattr(conv_grad, "_choices", {})
+    monkeypatch.setattr(conv_grad, "_runners", broken)
+    for mask in ([True, True, True], [True, False, True]):
+        gm = graph(mask)
+        with pytest.warns(AutofusionFallbackWarning, match="stays with torch .AssertionError: a compiler bug"):
+            _split_input_gradients(gm)
+        (node,) = [n for n in gm.graph.nodes if "convolution_backward" in str(n.target)]
+        assert node.meta[TORCH_INPUT_GRAD] and list(node.args[10]) == mask and not is_convertible(node)
+    monkeypatch.setattr(conv_grad, "ours_faster", lambda node: False)
+    gm = graph([True, False, False])
+    _split_input_gradients(gm)
+    (node,) = [n for n in gm.graph.nodes if "convolution_backward" in str(n.target)]
+    assert not is_convertible(node)

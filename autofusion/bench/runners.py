@@ -8,8 +8,10 @@ with the reason, and the benchmark reports it instead of a number.
 from __future__ import annotations
 
 import functools
+import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +49,9 @@ class BenchSetup:
         self.threads = threads
         self.registry = registry or default_registry()
         # a folder of its own is removed with the setup; one passed in is the caller's to remove
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="autofusion-bench-")
-            workdir = Path(self._tmp.name)
+            workdir = Path(tempfile.mkdtemp(prefix="autofusion-bench-"))
+            weakref.finalize(self, shutil.rmtree, workdir, True)  # removed with the setup, at exit at the latest
         self.workdir = workdir
 
     @functools.cached_property

@@ -135,6 +135,9 @@ def why_not_convertible(node: Any) -> str:
     if not _produces(key, example_value(node)):
         return "output not a static float32 tensor" if key not in fx_masks.ANY_DTYPE else \
             "output not a static float32, int64 or bool tensor"
+    if key == "getitem" and target_key(node.args[0]) in MULTI_OUTPUT and isinstance(node.args[1], int) \
+            and not fx_aten.output_computed(node.args[0], node.args[1]):
+        return "an output its op leaves to torch"
     if not _tensor_args_ok(node):
         return "an input not a static float32 tensor"
     if not _args_ok(node):
@@ -616,8 +619,8 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
             made = zip(cv.multi.get(node, (env[node],)), values if node in cv.multi else (values,))
             pairs = [(t, v) for t, v in made if t is not None]  # an output not asked for has no tensor
             got = [builder.type_of(t).shape for t, _ in pairs]
-            expected = [tuple(int(d) for d in v.shape) for _, v in pairs]
-            if got != expected or any(v is None for _, v in pairs):
+            expected = [None if v is None else tuple(int(d) for d in v.shape) for _, v in pairs]
+            if got != expected:
                 raise FxConversionError(f"node {node.name}: IR shape {got} differs from torch's {expected}")
         else:
             raise FxConversionError(f"FX node kind {node.op!r} is not supported")

@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,10 +80,9 @@ class TritonModel:
         self.plan, self.device = plan, device
         self.registry = registry or plan.registry
         # Triton reads a kernel's source file when it compiles: the folder lives as long as the model
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if directory is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="autofusion_triton_")
-            directory = Path(self._tmp.name)
+            directory = Path(tempfile.mkdtemp(prefix="autofusion_triton_"))
+            weakref.finalize(self, shutil.rmtree, directory, True)  # removed with the model, at exit at the latest
         self._dir = directory
         steps: list[_Step] = []
         split: dict[str, str] = {}
