@@ -2,6 +2,10 @@
 
     python benchmarks/torch_backend.py [--models resnet18,bert,gpt2] [--seq 128] [--rounds 5] [--threads 2]
 
+``bert-masked`` and ``gpt2-masked`` run a padded batch of two: ``attention_mask`` keeps the second
+sequence's first half, so the model builds its attention mask from it (the cast, the indexing by
+aranges, the causal test for GPT-2).
+
 ResNet-18 is written here in torchvision's layout (BatchNorm, ReLU(inplace=True), 224 x 224 input;
 torchvision itself does not install beside this torch); BertModel and GPT2Model come from
 ``transformers`` (the ``bench`` extra) built from their configs, random weights, no hub. Each model
@@ -60,19 +64,24 @@ def resnet18() -> Any:
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.5, 1.5)
-    return model, (torch.randn(1, 3, 224, 224),)
+    return model, {"x": torch.randn(1, 3, 224, 224)}
 
 
 def transformer(kind: str, seq: int) -> Any:
+    """The model and its keyword inputs: ids of one sequence, or for ``*-masked`` a padded batch of two."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    if kind == "bert":
+    if kind.startswith("bert"):
         model = transformers.BertModel(transformers.BertConfig())
     else:
         model = transformers.GPT2Model(transformers.GPT2Config())
-    return model.eval(), (torch.randint(0, 1000, (1, seq)),)
+    if not kind.endswith("-masked"):
+        return model.eval(), {"input_ids": torch.randint(0, 1000, (1, seq))}
+    mask = torch.ones(2, seq, dtype=torch.long)
+    mask[1, seq // 2:] = 0
+    return model.eval(), {"input_ids": torch.randint(0, 1000, (2, seq)), "attention_mask": mask}
 
 
 def _first(out: Any) -> Any:
@@ -82,15 +91,15 @@ def _first(out: Any) -> Any:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def measure(model: Any, inputs: tuple[Any, ...], rounds: int, min_seconds: float) -> dict[str, Any]:
+def measure(model: Any, inputs: dict[str, Any], rounds: int, min_seconds: float) -> dict[str, Any]:
     import torch
 
     from autofusion.bench.timing import round_robin_medians
 
-    runners: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs)}
+    runners: dict[str, Callable[[], Any]] = {"eager": lambda: model(**inputs)}
     for backend in ("inductor", "autofusion"):
         compiled = torch.compile(model, backend=backend)
-        runners[backend] = (lambda c: (lambda: c(*inputs)))(compiled)
+        runners[backend] = (lambda c: (lambda: c(**inputs)))(compiled)
     with torch.inference_mode():
         want = _first(runners["eager"]())
         for name, run in runners.items():  # compile and check once
@@ -122,9 +131,9 @@ def main() -> int:
     if args.json:
         print(json.dumps({"threads": args.threads, "rounds": args.rounds, "ms": rows}, indent=2))
         return 0
-    print(f"{'model':<16} {'eager ms':>9} {'inductor':>9} {'autofusion':>10} {'eager/autofusion':>17}")
+    print(f"{'model':<20} {'eager ms':>9} {'inductor':>9} {'autofusion':>10} {'eager/autofusion':>17}")
     for r in rows:
-        print(f"{r['model']:<16} {r['eager']:9.2f} {r['inductor']:9.2f} {r['autofusion']:10.2f} "
+        print(f"{r['model']:<20} {r['eager']:9.2f} {r['inductor']:9.2f} {r['autofusion']:10.2f} "
               f"{r['eager'] / r['autofusion']:17.2f}")
     return 0
 

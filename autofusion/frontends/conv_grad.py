@@ -5,7 +5,8 @@ fixed subset of the kernel's taps: every sh-th row and sw-th column of the weigh
 tap the phase and the padding give. So the gradient is sh * sw ordinary stride-1 convolutions of the
 output gradient, each with its subset of taps flipped and the channel axes swapped, interleaved
 into the input's shape. Every product is computed once (an input-dilated convolution would multiply
-sh * sw times as many zeros), and each phase is a Conv the convolution kernels already run.
+sh * sw times as many zeros), and each phase is a Conv the convolution kernels already run. With
+square strides the phases, stacked along the channels, are interleaved by one DepthToSpace.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def conv2d_input_grad(b: GraphBuilder, dy: str, w: str, input_hw: tuple[int, int
             phases[ph, pw] = _phase(b, dy, w, h, v, strides, groups, rows, channels)
     if strides == (1, 1):
         return phases[0, 0]
+    if strides[0] == strides[1]:  # one interleaving pass (a pass per axis below: 1.97 -> 1.73 ms, 16x32x32x32)
+        stacked = b.op("Concat", *(phases[p] for p in sorted(phases)), axis=1)  # phase-major channels
+        full = b.op("DepthToSpace", stacked, blocksize=strides[0], mode="DCR")
+        if (rows[0] * strides[0], rows[1] * strides[1]) != tuple(input_hw):
+            full = b.op("Slice", full, _ints(b, 0, 0), _ints(b, *input_hw), _ints(b, 2, 3))
+        return full
     lines = []
     for ph in range(strides[0]):  # columns of one row phase side by side, then the row phases
         parts = [b.op("Unsqueeze", phases[ph, pw], _ints(b, 4)) for pw in range(strides[1])]
