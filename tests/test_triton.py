@@ -89,14 +89,16 @@ def test_gemm_epilogue_matches_reference() -> None:
     ("gpt2-tiny", {"pointwise", "reduction", "gemm_epilogue", "opaque"}),
 ])
 def test_transformer_plans_run_wholly_in_triton(name: str, kinds: set[str]) -> None:
-    """Every group of the tiny transformers' fused plans is a Triton kernel (the attention products
-    read K^T and the heads through their Transposes, QKV is one launch), none falls back."""
+    """Every group of the tiny transformers' fused plans is one Triton kernel (the attention products
+    read K^T and the heads through their Transposes, QKV is one launch, the attention scores' kernel
+    stores the mask it computes at the mask's own shape), none falls back or splits."""
     from autofusion.api import optimize
     from autofusion.models import build, random_inputs
 
     plan = optimize(build(name))
     model = TritonModel(plan)
     assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
+    assert not model.split, dict(model.split)
     assert kinds <= {k.group.template for k in model.kernels}
     feeds = random_inputs(plan.graph)
     got, want = model(feeds), run_graph(plan.graph, feeds)
@@ -253,3 +255,18 @@ def test_its_kernel_folder_goes_with_the_model(tmp_path: Path) -> None:
     del kept
     gc.collect()
     assert any(tmp_path.glob("*.py"))  # a folder the caller gave stays the caller's
+
+
+def test_an_epilogue_output_of_a_broadcast_shape_is_stored_once_per_element() -> None:
+    """Scores [2, 3, 80, 72] with a mask computed in the group at [1, 1, 80, 72] and a bias row at
+    [2, 1, 1, 72], both group outputs: two tiles of 64 rows and of 64 columns and six batch
+    programs, so the programs and lanes that must not store the broadcast outputs exist."""
+    b = GraphBuilder("g")
+    a, w = b.input("a", (2, 3, 80, 16)), b.input("w", (2, 3, 16, 72))
+    m, r = b.input("m", (1, 1, 80, 72)), b.input("r", (2, 1, 1, 72))
+    mask = b.op("Greater", m, b.const(np.float32(0.0)))
+    bias = b.op("Mul", r, b.const(np.float32(2.0)))
+    scores = b.op("Where", mask, b.op("Add", b.op("MatMul", a, w), bias), b.const(np.float32(-1e4)))
+    graph = b.build([scores, b.op("Cast", mask, to=1), bias])
+    model = check(one_group_plan(graph, "gemm_epilogue"))
+    assert not model.split and len(model.kernels) == 1

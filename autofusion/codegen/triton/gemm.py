@@ -82,12 +82,31 @@ def _segment(ex: Exprs, names: NameTable, core: Node, outputs: list[str], bidx: 
     base = ix.mul(ix.paren(ix.linear(lead, batch)), m * n)
     stores = []
     for t in outputs:
-        if g.type_of(t).shape != out_t.shape:
-            raise ex.error(f"output {t!r} {list(g.type_of(t).shape)} is not of the GEMM's shape {list(out_t.shape)}")
-        off = ix.add(base, f"rm[:, None] * {n} + rn[None, :]")  # every tile row, even when M is 1
-        stores.append(f"tl.store({names(t)} + {off}, {ex.value(t, tile)}, mask=mask)")
+        shape = g.type_of(t).shape
+        if shape == out_t.shape:
+            off = ix.add(base, f"rm[:, None] * {n} + rn[None, :]")  # every tile row, even when M is 1
+            stores.append(f"tl.store({names(t)} + {off}, {ex.value(t, tile)}, mask=mask)")
+        else:
+            stores.append(_broadcast_store(ex, names(t), t, tile, out_t.shape))
     return dict(summary=c_comment_text(f"{core.op} {core.name}: {list(out_t.shape)}, K={k}"), k=k, m=m, n=n,
                 k_lines=k_lines, a_val=a_val, b_val=b_val, body=ex.lines, stores=stores)
+
+
+def _broadcast_store(ex: Exprs, pointer: str, tensor: str, tile: Index, gemm_shape: tuple[int, ...]) -> str:
+    """The store of an output of a shape the GEMM's broadcasts (attention's mask, [1, 1, S, S] beside
+    scores of [1, H, S, S]): each element once, by the programs and tile lanes at index 0 of the axes
+    it is broadcast along."""
+    shape = ex.graph.type_of(tensor).shape
+    aligned = (1,) * (len(gemm_shape) - len(shape)) + tuple(shape)
+    if len(shape) > len(gemm_shape) or any(s not in (1, o) for s, o in zip(aligned, gemm_shape)):
+        raise ex.error(f"output {tensor!r} {list(shape)} is not of the GEMM's shape {list(gemm_shape)} "
+                       "nor broadcast to it")
+    idx = ix.broadcast(tile, gemm_shape, shape)
+    lanes = "0 * (rm[:, None] + rn[None, :])"  # makes a program's scalar a tile (the interpreter's masks must be)
+    guards = [f"({e} == 0)" if "[" in e else f"({e} + {lanes} == 0)"
+              for e, s, o in zip(tile, aligned, gemm_shape) if s == 1 and o > 1 and e != "0"]
+    off = ix.add(ix.linear(idx, shape), lanes)  # a tile of lanes, even for one element
+    return f"tl.store({pointer} + {off}, {ex.value(tensor, idx)}, mask={' & '.join(['mask', *guards])})"
 
 
 def render_gemm(ex: Exprs, names: NameTable) -> dict[str, object]:
