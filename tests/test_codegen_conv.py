@@ -48,8 +48,9 @@ def test_conv_batchnorm_relu_residual() -> None:
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_conv_with_weights_from_an_input_calls_openblas(bias: bool) -> None:
-    """Weights that are not constants cannot be packed at build time: OpenBLAS's sgemm, tile not
-    transposed; the convolution alone is the output (written straight by sgemm without a bias)."""
+    """Weights from an input with fewer output channels than a panel's worth (5) are not packed per
+    call: OpenBLAS's sgemm, tile not transposed; the convolution alone is the output (written
+    straight by sgemm without a bias)."""
     b = GraphBuilder("conv_input_w")
     x, w = b.input("x", (1, 3, 8, 8)), b.input("w", (5, 3, 3, 3))
     args = [x, w] + ([b.const(f32(5))] if bias else [])
@@ -386,6 +387,39 @@ def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
     taps = impl == "taps" and taps_block(out_shape[-1], model.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
     assert ("af_sgemm_packed_taps(" in code) == taps
     assert ("im2col of the block" in code) == (not taps)
+
+
+@pytest.mark.parametrize("impl", ["repack", "blas"])
+@pytest.mark.parametrize("case", sorted(TAPS_CASES))
+def test_convolutions_with_weights_given_at_run_time(case: str, impl: str) -> None:
+    """A weight that is a graph input (training, a gradient's Convs): packed into panels at the start
+    of each call, then the taps or im2col form as for a constant weight; or OpenBLAS. With a bias,
+    Relu and a residual, against the reference; a second call with other weights too."""
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+
+    spec = TAPS_CASES[case]
+    xs, ws, pads = spec["x"], spec["w"], spec["pads"]
+    dil = spec.get("dilations", (1,) * (len(xs) - 2))
+    strides = spec.get("strides", (1,) * (len(xs) - 2))
+    half = len(pads) // 2
+    out_shape = (xs[0], ws[0]) + tuple((n + pads[i] + pads[i + half] - d * (k - 1) - 1) // s + 1
+                                       for i, (n, k, d, s) in enumerate(zip(xs[2:], ws[2:], dil, strides)))
+    b = GraphBuilder("runtime_w")
+    attrs = {k: v for k, v in spec.items() if k in ("pads", "dilations", "group", "strides")}
+    c = b.op("Conv", b.input("x", xs), b.input("w", ws), b.const(f32(ws[0])), **attrs)
+    g = b.build([b.op("Add", b.op("Relu", c), b.input("skip", out_shape))])
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                ZERO_COST, ZERO_COST)
+    model = CompiledModel(plan, cache=CACHE, cores=FixedChooser(CoreChoice(impl, 256)))
+    for _ in range(2):  # the panels are packed again from each call's weights
+        feeds = {"x": f32(*xs), "w": f32(*ws) * np.float32(0.2), "skip": f32(*out_shape)}
+        report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+        assert report.ok, report.summary()
+    code = "\n".join(k.code for k in model.source.kernels)
+    assert ("af_pack_panels(" in code) == (impl == "repack") and ("scipy_cblas_sgemm(" in code) == (impl == "blas")
+    if impl == "repack":
+        taps = taps_block(out_shape[-1], model.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
+        assert ("af_sgemm_packed_taps(" in code) == (taps and "depth" not in case)
 
 
 def test_taps_are_the_default_for_stride1_and_stride2() -> None:

@@ -31,6 +31,7 @@ from autofusion.runtime.tuning import (
     candidates,
     core_graph,
     render_tuned,
+    tunable,
 )
 
 RNG = np.random.default_rng(11)
@@ -306,7 +307,22 @@ def test_core_graph_rebuilds_a_convolution_core() -> None:
                                                    (1, 1), (1,)))
     g, feeds = core_graph(spec)
     assert [n.op for n in g.nodes] == ["Conv"] and feeds["x"].shape == (1, 16, 15, 15)
-    assert g.types[g.outputs[0]].shape == (1, 32, 8, 8)
+    assert g.types[g.outputs[0]].shape == (1, 32, 8, 8) and not g.inputs[1:]
+
+
+def test_a_convolution_with_its_weight_given_at_run_time_is_tuned_with_it_as_an_input(tmp_path: Path) -> None:
+    """Packed per call (the default) or OpenBLAS, measured with the weight a graph input; the
+    stored choice is that core's alone (its key is not the constant-weight core's)."""
+    geometry = ((8, 32, 32, 32), (64, 32, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1,))
+    spec = CoreSpec("conv", 256, 64, 288, False, 8, geometry, taps=True, repackable=True)
+    assert tunable(spec) and spec.key() != CoreSpec("conv", 256, 64, 288, True, 8, geometry, taps=True).key()
+    assert candidates(spec, MACHINE) == [CoreChoice("repack", 512), CoreChoice("repack", 256), CoreChoice("blas")]
+    g, feeds = core_graph(spec)
+    assert g.inputs == ("x", "w") and feeds["w"].shape == (64, 32, 3, 3)
+    times = {c: 3e-4 for c in candidates(spec, MACHINE)}
+    times[CoreChoice("blas")] = 1e-4
+    built: list[CoreChoice] = []
+    assert _tuner(tmp_path, times, built).choose(spec) == CoreChoice("blas") and len(built) == 3
 
 
 # -- instruction sets ------------------------------------------------------------------------------

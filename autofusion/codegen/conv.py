@@ -8,8 +8,10 @@ are computed in parallel and, while each tile is in cache, the epilogue (bias, f
 BatchNormalization, Relu/Clip, residual Add, ...) runs on it. Constant weights with at least
 PACKED_MIN_COLUMNS output channels per group are packed at build time and the tile is computed
 transposed, [positions x channels] = cols^T @ W^T, by
-``af_sgemm_packed``; other weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same
-code with unit leading spatial axes.
+``af_sgemm_packed``. A weight given at run time (training; a gradient's Convs) can be packed into
+the same panels at the start of each call (``repack``, chosen by the tuner against OpenBLAS); other
+weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same code with unit leading
+spatial axes.
 
 A pooling op (MaxPool, AveragePool) after the convolution and its activation can be part of the
 group: tasks are then blocks of pooled output rows, each computing the convolution rows its windows
@@ -97,6 +99,7 @@ class _Conv:
         self.y = core.outputs[0]  # the value the tiles compute (a folded BatchNormalization's output)
         self.folded = False  # a BatchNormalization folded into the weights
         self.k_pass = 0  # K rows per pass of the packed kernel (the core choice's)
+        self.runtime_pack: dict[str, Any] | None = None  # a weight given at run time, packed per call
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         k.uses_blas = True
@@ -187,21 +190,34 @@ class _Conv:
         win, mg = geo["win"], geo["mg"]
         # depthwise and other narrow groups stay on sgemm: their panels would be mostly padding
         packable = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
+        # a weight given at run time (training, a gradient's Convs) packed into the same panels per call
+        repackable = (weight is None and pool is None and mg >= PACKED_MIN_COLUMNS
+                      and self.g.types[self.core.inputs[1]].dtype == DType.FLOAT32)
         geometry = (tuple(geo["xs"]), tuple(geo["ws"]), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
                     tuple(win.dilations), (geo["groups"],))
         # one plane (no depth, no depth padding, no negative pads, which crop): split into its stride phases, the padded
         # input makes output positions an affine walk for every tap, so the taps can be read in place
-        direct_ok = (packable and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1 and geo["pd"] == 0
+        direct_ok = ((packable or repackable) and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1 and geo["pd"] == 0
                      and taps_block(geo["ow"], self.k.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=geo["n_img"] * geo["groups"],
-                                      geometry=geometry, taps=direct_ok, depthwise=depthwise_ok))
+                                      geometry=geometry, taps=direct_ok, depthwise=depthwise_ok,
+                                      repackable=repackable))
         self.k_pass = choice.kc
+        if choice.impl == "repack":  # from here on a packed weight, whose panels the kernel fills first
+            self.runtime_pack = {}
+            return CoreChoice("taps" if direct_ok else "packed", choice.kc)
         return choice
 
     def _weight_pointer(self, geo: dict[str, Any], weight: np.ndarray | None, choice: CoreChoice) -> str:
         core, mg, kc = self.core, geo["mg"], geo["kc"]
+        if self.runtime_pack is not None:  # each group's W^T into panels in scratch, at the kernel's start
+            w_group = -(-mg // PACK_NR) * PACK_NR * kc
+            offset = self.k.scratch(geo["groups"] * w_group * 4)
+            self.runtime_pack.update(source=self._buffer(core.inputs[1]), offset=offset,
+                                     panels=-(-mg // PACK_NR))
+            return "wpack"
         if choice.packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             return self.k.derived_constant(f"{core.name}_packed", np.concatenate(
                 [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), geo["groups"])]))
@@ -264,7 +280,7 @@ class _Conv:
             parallel=parallel, shared_col=shared_col, tile_floats=tile_floats, col_bytes=col_bytes,
             tile_bytes=tile_bytes, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
             x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, ldc=ldc, w_ptr=w_ptr,
-            body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None,
+            body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None, runtime_pack=self.runtime_pack,
             **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
 
     def _place_outputs(self, outputs: list[str], only_into: str, through_tile: bool
@@ -394,7 +410,7 @@ class _Conv:
         col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 2)  # tile and pin
         how = "taps read in place" if direct else "im2col " + ("yes" if geo["im2col"] else "no")
         return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False,
+            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False, runtime_pack=None,
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"{how}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),

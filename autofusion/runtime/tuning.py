@@ -82,8 +82,8 @@ def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
     """The default first; for a convolution that can read its taps in place, the im2col form
     too; then the other K blockings that differ for this K; then OpenBLAS."""
     base = machine.default_kc()
-    impl = "taps" if spec.taps else "packed"
-    out = [CoreChoice(impl, base)] + ([CoreChoice("packed", base)] if spec.taps else [])
+    impl = "repack" if not spec.packable else "taps" if spec.taps else "packed"
+    out = [CoreChoice(impl, base)] + ([CoreChoice("packed", base)] if spec.taps and spec.packable else [])
     seen = {base}
     for kc in (base // 2, base * 2):
         kc = max(KC_MIN, min(KC_MAX, kc))
@@ -96,8 +96,10 @@ def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
 
 def tunable(spec: CoreSpec) -> bool:
     """Large enough to matter, with a choice, and a shape ``core_graph`` rebuilds as it runs (a GEMM
-    whose batch is not folded into its rows would be timed as one taller product)."""
-    return spec.packable and spec.flops >= TUNE_MIN_FLOPS and (spec.kind == "conv" or spec.calls == 1)
+    whose batch is not folded into its rows would be timed as one taller product; a convolution's
+    weight given at run time is timed as an input, packed per call or left to OpenBLAS)."""
+    choice = spec.packable or (spec.kind == "conv" and spec.repackable)
+    return choice and spec.flops >= TUNE_MIN_FLOPS and (spec.kind == "conv" or spec.calls == 1)
 
 
 class TuningStore:
@@ -290,9 +292,12 @@ def core_graph(spec: CoreSpec) -> tuple[Graph, dict[str, np.ndarray]]:
     if spec.kind == "conv":
         xs, ws, strides, pads, dilations, (group,) = spec.geometry
         x = b.input("x", xs)
-        w = b.const((rng.standard_normal(ws) * 0.05).astype(np.float32))
+        weight = (rng.standard_normal(ws) * 0.05).astype(np.float32)
+        w = b.const(weight) if spec.packable else b.input("w", ws)
         y = b.op("Conv", x, w, strides=strides, pads=pads, dilations=dilations, group=group,
                  kernel_shape=tuple(ws[2:]))
+        if not spec.packable:
+            return b.build([y]), {"x": rng.standard_normal(xs).astype(np.float32), "w": weight}
         shape = xs
     elif not spec.packable:  # a product of two activations (attention): a batch of both operands
         x, w = b.input("x", (spec.calls, spec.m, spec.k)), b.input("w", (spec.calls, spec.k, spec.n))
