@@ -476,3 +476,43 @@ def test_a_setup_removes_its_own_folder_and_keeps_a_given_one(tmp_path: Path) ->
     del given
     gc.collect()
     assert (tmp_path / "model.onnx").exists()
+
+
+def test_runs_are_timed_with_a_steady_allocator_and_probed_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory probe (first run) with glibc's threshold fixed low, so freed buffers leave the
+    process; warm-up and timed runs with it at its steady maximum; then the low one and a trim."""
+    import autofusion.bench.environment as environment
+    from autofusion.bench import harness
+
+    events: list[object] = []
+
+    class FakeLibc:
+        def mallopt(self, param: int, value: int) -> int:
+            events.append(("mallopt", param, value))
+            return 1
+
+        def malloc_trim(self, pad: int) -> int:
+            events.append("trim")
+            return 1
+
+    monkeypatch.setattr(environment, "_libc", lambda: FakeLibc())
+
+    def factory(setup: BenchSetup) -> Runner:
+        def call() -> dict[str, np.ndarray]:
+            events.append("call")
+            return dict(run_graph(setup.graph, setup.feeds))
+        return Runner("probe", call, None, "n/a", 0.0, "tracemalloc")
+
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("g")
+    g = b.build([b.op("Relu", b.input("x", (2, 3)))])
+    setup = BenchSetup(g, unfused_plan(g), {"x": np.ones((2, 3), np.float32)}, threads=2)
+    reference = run_graph(g, setup.feeds)
+    measured = harness.measure("probe", setup, reference, repeat=3, warmup=1, rtol=1e-5, atol=1e-5,
+                               factories={"probe": factory}, per_kernel=False)
+    assert measured.result is not None and measured.result.outputs_ok
+    steady = ("mallopt", -3, environment.STEADY_MMAP_THRESHOLD)
+    low = ("mallopt", -3, environment.MMAP_THRESHOLD)
+    assert events.index(steady) > events.index("call")  # the first (probed) run came before
+    assert events[events.index(steady) + 1:] == ["call"] * 4 + [low, "trim"]

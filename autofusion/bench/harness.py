@@ -32,6 +32,7 @@ from autofusion.bench.environment import (
     load_average,
     peak_rss_delta,
     peak_traced,
+    steady_allocator,
 )
 from autofusion.bench.opaque import (
     FUSED_METHOD,
@@ -139,15 +140,16 @@ def measure(name: str, setup: BenchSetup, reference: Outputs, repeat: int, warmu
         return Measured(name, skipped=str(e))
     except Exception as e:  # a runner that should work and did not: reported, never hidden
         return Measured(name, failed=f"{type(e).__name__}: {e}")
-    for _ in range(warmup):
-        step(f"warm-up {name}")
-        runner.call()
     times: list[float] = []
-    for _ in range(repeat):
-        step(f"timing {name}")
-        t0 = time.perf_counter()
-        runner.call()
-        times.append(time.perf_counter() - t0)
+    with steady_allocator():  # the memory probe above ran with the fixed threshold
+        for _ in range(warmup):
+            step(f"warm-up {name}")
+            runner.call()
+        for _ in range(repeat):
+            step(f"timing {name}")
+            t0 = time.perf_counter()
+            runner.call()
+            times.append(time.perf_counter() - t0)
     op_times = None
     if per_kernel and name in ("unfused", "fused") and has_kernel_hook():
         step(f"kernel by kernel {name}")
