@@ -57,9 +57,11 @@ def _loaded_libraries(fragment: str) -> list[str]:
     return sorted(p for p in paths if fragment in Path(p).name and ".so" in Path(p).name)
 
 
-# where glibc's own threshold rises in a long-running process (its dynamic maximum on 64-bit)
+# where glibc's own threshold rises in a long-running process (its dynamic maximum on 64-bit); its
+# trim threshold rises with it, to twice as much, so freed heap is kept for the next call
 STEADY_MMAP_THRESHOLD = 32 * 1024 * 1024
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number
+TRIM_THRESHOLD = 128 * 1024  # glibc's default
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers
 
 
 def _libc() -> Any:
@@ -76,7 +78,10 @@ def fix_malloc_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     its heap, and a runner measured after another would show no RSS growth. False off glibc.
     """
     libc = _libc()
-    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    if libc is None:
+        return False
+    trim = 2 * threshold if threshold > MMAP_THRESHOLD else TRIM_THRESHOLD  # as glibc moves them together
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, trim))
 
 
 @contextmanager
