@@ -2,7 +2,8 @@
 
     python benchmarks/torch_backend.py [--models resnet18,bert,gpt2] [--seq 128] [--rounds 5] [--threads 2]
 
-``bert-masked`` and ``gpt2-masked`` run a padded batch of two: ``attention_mask`` keeps the second
+``llama`` is a small LlamaModel (6 layers of width 768, 12 query and 4 key/value heads).
+``bert-masked``, ``gpt2-masked`` and ``llama-masked`` run a padded batch of two: ``attention_mask`` keeps the second
 sequence's first half, so the model builds its attention mask from it (the cast, the indexing by
 aranges, the causal test for GPT-2).
 
@@ -75,6 +76,10 @@ def transformer(kind: str, seq: int) -> Any:
     torch.manual_seed(0)
     if kind.startswith("bert"):
         model = transformers.BertModel(transformers.BertConfig())
+    elif kind.startswith("llama"):  # a small Llama: grouped-query attention, RMSNorm, rotary, SiLU
+        model = transformers.LlamaModel(transformers.LlamaConfig(
+            hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=12,
+            num_key_value_heads=4, vocab_size=32000))
     else:
         model = transformers.GPT2Model(transformers.GPT2Config())
     if not kind.endswith("-masked"):

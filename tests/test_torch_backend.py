@@ -656,3 +656,62 @@ def test_an_index_tensor_out_of_range_stays_eager_with_torch_s_error():
     model = _Fn(lambda x: x[torch.tensor([0, 5])])
     with torch.no_grad(), pytest.raises(Exception, match="out of bounds|out of range"):
         torch.compile(model, backend="autofusion")(torch.randn(3, 2))
+
+
+class LlamaBlock(nn.Module):
+    """A Llama-style block as transformers writes it: RMSNorm (pow, mean, rsqrt), rotary position
+    embeddings (cos and sin of the positions, halves rotated by slicing, neg and cat), grouped-query
+    attention (SDPA with enable_gqa: 4 query heads read 2 key/value heads, causal) and a SiLU-gated
+    MLP."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.gate, self.up, self.down = nn.Linear(dim, 64, bias=False), nn.Linear(dim, 64, bias=False), nn.Linear(64, dim)
+        self.norm = nn.Parameter(torch.rand(dim) + 0.5)
+
+    def rms(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm
+
+    def rope(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(self, x, positions):
+        b, s, _ = x.shape
+        angles = positions[:, :, None] * (1.0 / 10000 ** (torch.arange(0, self.head_dim, 2) / self.head_dim))
+        angles = torch.cat((angles, angles), dim=-1)[:, None]
+        cos, sin = angles.cos(), angles.sin()
+        h = self.rms(x)
+        q = self.q(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(h).view(b, s, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(att.transpose(1, 2).reshape(b, s, -1))
+        h = self.rms(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def test_a_llama_block_compiles_whole_and_matches(caplog):
+    torch.manual_seed(0)
+    x, positions = torch.randn(2, 6, 32), torch.arange(6, dtype=torch.float32).expand(2, 6)
+    with caplog.at_level("INFO", logger="autofusion.torch"):
+        _check(LlamaBlock(), x, positions)
+    lines = [r.getMessage() for r in caplog.records if "partition(s)" in r.getMessage()]
+    assert lines and all("in 1 partition(s); left to eager: none" in line for line in lines), lines
+
+
+def test_grouped_query_attention_repeats_each_key_value_head_in_a_row():
+    """SDPA with enable_gqa over 4 query heads and 2 key/value heads: each key/value head serves two
+    query heads in a row, as repeat_interleave gives them."""
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    model = _Fn(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    _check(model, q, k, v)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="autofusion")(q, k, v), expected, rtol=RTOL, atol=ATOL)

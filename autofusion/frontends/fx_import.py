@@ -430,7 +430,10 @@ def _attention(cv: Converter, node: Any) -> str:
     rank = len(shape_q)
     perm = list(range(rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
-    scores = cv.b.op("MatMul", cv.tensor(q), cv.transpose(cv.tensor(k), perm))
+    keys, values = cv.tensor(k), cv.tensor(v)
+    if node.kwargs.get("enable_gqa", False) and shape_k[-3] != shape_q[-3]:  # each K/V head serves a run of heads
+        keys, values = (_repeat_heads(cv, t, shape_of(a), shape_q[-3]) for t, a in ((keys, k), (values, v)))
+    scores = cv.b.op("MatMul", cv.tensor(q), cv.transpose(keys, perm))
     scale = arg(node, 6, "scale")
     scale = float(scale) if scale is not None else 1.0 / float(np.sqrt(shape_q[-1]))
     scores = cv.b.op("Mul", scores, cv.b.const(np.asarray(scale, np.float32)))
@@ -443,17 +446,38 @@ def _attention(cv: Converter, node: Any) -> str:
         length, source = shape_q[-2], shape_k[-2]
         causal = np.triu(np.full((length, source), -np.inf, np.float32), k=1)  # torch's: aligned top left
         scores = cv.b.op("Add", scores, cv.b.const(causal))
-    return cv.b.op("MatMul", cv.b.op("Softmax", scores, axis=-1), cv.tensor(v))
+    return cv.b.op("MatMul", cv.b.op("Softmax", scores, axis=-1), values)
+
+
+def _repeat_heads(cv: Converter, x: str, shape: tuple[int, ...], heads: int) -> str:
+    """``x`` [..., Hkv, S, D] with each head repeated to ``heads`` in a row (repeat_interleave, as
+    grouped-query attention reads them)."""
+    lead, (kv, length, depth) = tuple(shape[:-3]), tuple(shape[-3:])
+    spread = cv.b.op("Unsqueeze", x, cv.b.const(np.asarray([len(lead) + 1], np.int64)))
+    spread = cv.b.op("Expand", spread, cv.b.const(np.asarray([*lead, kv, heads // kv, length, depth], np.int64)))
+    return cv.b.op("Reshape", spread, cv.b.const(np.asarray([*lead, heads, length, depth], np.int64)))
 
 
 def _attention_ok(node: Any) -> bool:
     mask = arg(node, 3, "attn_mask")
     if mask is not None and not (static_float_tensor(example_value(mask)) or _bool_tensor(example_value(mask))):
         return False
-    if float(arg(node, 4, "dropout_p", 0.0)) != 0.0 or node.kwargs.get("enable_gqa", False):
+    if float(arg(node, 4, "dropout_p", 0.0)) != 0.0:
         return False
     shapes = [shape_of(node.args[i]) for i in range(3)] if len(node.args) >= 3 else []
-    return bool(shapes) and shapes[0][:-2] == shapes[1][:-2] == shapes[2][:-2] and shapes[1][-2] == shapes[2][-2]
+    if not shapes or len({len(s) for s in shapes}) != 1 or len(shapes[0]) < 3:
+        return False
+    q, k, v = shapes
+    if node.kwargs.get("enable_gqa", False):  # K and V may have fewer heads, a divisor of Q's
+        heads_ok = k[-3] == v[-3] and q[-3] % k[-3] == 0
+        return heads_ok and q[:-3] == k[:-3] == v[:-3] and k[-2] == v[-2]
+    return q[:-2] == k[:-2] == v[:-2] and k[-2] == v[-2]
+
+
+def _silu(cv: Converter, node: Any) -> str:
+    """``silu(x)`` (swish): x * sigmoid(x)."""
+    x = cv.tensor(node.args[0])
+    return cv.b.op("Mul", x, cv.b.op("Sigmoid", x))
 
 
 def _rsqrt(cv: Converter, node: Any) -> str:
@@ -500,6 +524,13 @@ HANDLERS: Mapping[str, Handler] = {
     "getitem": _getitem,
     "scaled_dot_product_attention": _attention,
     "gelu": _gelu,
+    "silu": _silu,
+    "cos": _unary("Cos"),
+    "sin": _unary("Sin"),
+    "abs": _unary("Abs"),
+    "log": _unary("Log"),
+    "erf": _unary("Erf"),
+    "reciprocal": _unary("Reciprocal"),
     "tanh": _unary("Tanh"),
     "sigmoid": _unary("Sigmoid"),
     "exp": _unary("Exp"),
@@ -546,6 +577,7 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "truediv": _tensors_ok,
     "contiguous": lambda node: len(node.args) == 1 and not node.kwargs,
     "relu": lambda node: not bool(arg(node, 1, "inplace", False)) or _inplace_ok(node),
+    "silu": lambda node: not bool(arg(node, 1, "inplace", False)) or _inplace_ok(node),
     "relu_": _inplace_ok,
     "addmm": _addmm_ok,
     "pow": _pow_ok,
@@ -560,7 +592,8 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
 MULTI_OUTPUT = frozenset({"split"}) | fx_aten.MULTI_OUTPUT  # ops whose value is a tuple of tensors
 # ops whose result is storage of its own, never a view of an input (an in-place update of it is private)
 FRESH_STORAGE = frozenset({"linear", "embedding", "conv2d", "batch_norm", "layer_norm", "add", "mul", "sub", "div", "truediv",
-                           "matmul", "bmm", "mm", "addmm", "gelu", "tanh", "sigmoid", "exp", "sqrt", "rsqrt",
+                           "matmul", "bmm", "mm", "addmm", "gelu", "silu", "cos", "sin", "abs", "log", "erf",
+                           "reciprocal", "tanh", "sigmoid", "exp", "sqrt", "rsqrt",
                            "neg", "pow", "softmax", "max_pool2d", "adaptive_avg_pool2d", "cat",
                            "scaled_dot_product_attention"}) | fx_aten.FRESH_STORAGE
 
