@@ -653,9 +653,37 @@ def test_mask_building_ops_compile_in_the_partition(case, caplog):
 
 
 def test_an_index_tensor_out_of_range_stays_eager_with_torch_s_error():
-    model = _Fn(lambda x: x[torch.tensor([0, 5])])
-    with torch.no_grad(), pytest.raises(Exception, match="out of bounds|out of range"):
+    """torch's own error ("out of bounds"), never the converter's ("out of range") nor a wrong answer."""
+    model = _Fn(lambda x: x[torch.tensor([0, 5])] * 2.0)
+    with torch.no_grad(), pytest.raises(Exception, match="out of bounds"):
         torch.compile(model, backend="autofusion")(torch.randn(3, 2))
+
+
+def test_mask_ops_torch_would_promote_or_cannot_place_stay_eager(caplog):
+    """A bool tensor beside an int number is promoted by torch (mask == 2 is all False, mask & 1 an
+    int64 tensor): those stay eager; so do casts spelled as a tensor type name. Results match eager."""
+    mask = torch.tensor([[True, False, True]])
+    ids = torch.tensor([[3, 0, 7]])
+    with caplog.at_level("INFO", logger="autofusion.torch"):
+        _check(_Fn(lambda m, i: ((m == 2), (m < 2), (m & 1), i.type(torch.LongTensor) + 0, i.type(torch.float32))),
+               mask, ids)
+    lines = " ".join(r.getMessage() for r in caplog.records if "partition(s)" in r.getMessage())
+    assert "eq (" in lines and "lt (" in lines and "and_ (" in lines, lines
+    from autofusion.frontends.fx_import import mutates
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return Recorder()(gm, example_inputs)
+
+    def update(m):
+        view = m[:, None]
+        view &= torch.tensor([[True, True, False]])
+        return m.float()
+
+    _check(_Fn(update), mask.clone(), backend=backend)
+    assert any(mutates(n) for n in graphs[0].graph.nodes)  # &= on a view: an in-place update, seen as one
 
 
 class LlamaBlock(nn.Module):

@@ -72,10 +72,12 @@ def _libc() -> Any:
 
 
 def fix_malloc_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold so large buffers are returned to the system when freed.
+    """Fix glibc's mmap threshold (and its trim threshold with it): by default at 128 KiB, so large
+    buffers are returned to the system when freed; :func:`steady_allocator` holds it high.
 
     Without it glibc raises the threshold after the first large free and keeps later buffers in
-    its heap, and a runner measured after another would show no RSS growth. False off glibc.
+    its heap, and a runner measured after another would show no RSS growth. False off glibc, or
+    where glibc refused a setting.
     """
     libc = _libc()
     if libc is None:
@@ -96,9 +98,10 @@ def steady_allocator() -> Iterator[bool]:
     try:
         yield ok
     finally:
-        if ok:
+        libc = _libc()
+        if libc is not None:  # also after a partial failure: the probes' thresholds, whatever was set
             fix_malloc_threshold()
-            _libc().malloc_trim(0)
+            libc.malloc_trim(0)
 
 
 def status_kib(field: str) -> int | None:

@@ -54,6 +54,10 @@ MIN_TASKS = 4
 # more than the sums (32 x 112 x 112 in blocks of 224 positions: 1,792 tasks, 0.29 ms)
 DEPTHWISE_TILE_P = 4096
 PARALLEL_MIN_FLOPS = 1 << 19
+# a run-time weight with fewer K rows is left to OpenBLAS, also untuned: packing it per call and the
+# packed kernel's passes cost more than they save (tuned, 16 images of 16x16 or 32x32: K = 27 0.73
+# vs 0.21 ms, K = 64 0.26 vs 0.19; K = 128 0.29 vs 0.42, K = 256 0.41 vs 0.50)
+REPACK_MIN_K = 128
 # With a pooling epilogue, tasks of about 512 convolution output positions: rows shared by two
 # blocks' windows are computed twice, so blocks are larger than without pooling.
 POOL_TILE_P = 512
@@ -191,7 +195,7 @@ class _Conv:
         # depthwise and other narrow groups stay on sgemm: their panels would be mostly padding
         packable = weight is not None and weight.dtype == np.float32 and mg >= PACKED_MIN_COLUMNS
         # a weight given at run time (training, a gradient's Convs) packed into the same panels per call
-        repackable = (weight is None and pool is None and mg >= PACKED_MIN_COLUMNS
+        repackable = (weight is None and pool is None and mg >= PACKED_MIN_COLUMNS and geo["kc"] >= REPACK_MIN_K
                       and self.g.types[self.core.inputs[1]].dtype == DType.FLOAT32)
         geometry = (tuple(geo["xs"]), tuple(geo["ws"]), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
                     tuple(win.dilations), (geo["groups"],))

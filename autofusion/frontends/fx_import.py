@@ -1,6 +1,7 @@
 """Convert torch.fx graphs (as TorchDynamo hands them to a backend) into the autofusion IR.
 
-Only static float32 graphs are converted. Each supported FX node maps to one or a few ONNX-named
+Only static shapes are converted, of float32 tensors (and of int64 and bool ones for the ops that
+build attention masks, frontends/fx_masks.py). Each supported FX node maps to one or a few ONNX-named
 IR ops; :func:`is_convertible` says whether a node can be converted, so a partitioner can keep the
 rest in eager PyTorch. Parameters and buffers become IR constants: their values are read once, at
 conversion time (they are frozen; later in-place updates to the module are not seen).
@@ -96,7 +97,9 @@ def _frozen_source(node: Any) -> bool:
     return node.op == "get_attr" or foldable(node)
 
 
-INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem)
+INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                     operator.imod, operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor,
+                     operator.ilshift, operator.irshift, operator.setitem)
 # functional activations whose positional argument at this index is ``inplace``
 INPLACE_POSITION = {"relu": 1, "relu6": 1, "silu": 1, "mish": 1, "selu": 1, "celu": 2, "elu": 2, "leaky_relu": 2,
                     "hardtanh": 3, "hardswish": 1, "hardsigmoid": 1, "dropout": 3, "threshold": 3, "rrelu": 4}
@@ -146,8 +149,9 @@ def why_not_convertible(node: Any) -> str:
 
 
 def _tensor_args_ok(node: Any) -> bool:
-    """Every FX node among the arguments must be a static float32 tensor (no sizes, ints or tuples;
-    a getitem reads one tensor of a split's tuple)."""
+    """Every FX node among the arguments must be a static float32 tensor, or for the mask-building
+    ops (fx_masks.ANY_DTYPE) an int64 or bool one (no sizes, ints or tuples; a getitem reads one
+    tensor of a split's tuple)."""
     found = _node_args(node)
     if target_key(node) == "scaled_dot_product_attention":  # a boolean mask beside float32 q, k, v
         mask = arg(node, 3, "attn_mask")
@@ -576,6 +580,8 @@ ARG_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "div": lambda node: _div_ok(node) and _tensors_ok(node),
     "truediv": _tensors_ok,
     "contiguous": lambda node: len(node.args) == 1 and not node.kwargs,
+    "view": lambda node: all(isinstance(a, int) or (isinstance(a, (tuple, list)) and all(isinstance(d, int) for d in a))
+                             for a in node.args[1:]),  # sizes, not x.view(dtype)
     "relu": lambda node: not bool(arg(node, 1, "inplace", False)) or _inplace_ok(node),
     "silu": lambda node: not bool(arg(node, 1, "inplace", False)) or _inplace_ok(node),
     "relu_": _inplace_ok,
@@ -651,10 +657,11 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
             values = example_value(node)
             made = zip(cv.multi.get(node, (env[node],)), values if node in cv.multi else (values,))
             pairs = [(t, v) for t, v in made if t is not None]  # an output not asked for has no tensor
-            got = [builder.type_of(t).shape for t, _ in pairs]
-            expected = [None if v is None else tuple(int(d) for d in v.shape) for _, v in pairs]
+            got = [(builder.type_of(t).shape, builder.type_of(t).dtype.value) for t, _ in pairs]
+            expected = [None if v is None else (tuple(int(d) for d in v.shape), str(v.dtype).removeprefix("torch."))
+                        for _, v in pairs]
             if got != expected:
-                raise FxConversionError(f"node {node.name}: IR shape {got} differs from torch's {expected}")
+                raise FxConversionError(f"node {node.name}: IR (shape, dtype) {got} differs from torch's {expected}")
         else:
             raise FxConversionError(f"FX node kind {node.op!r} is not supported")
     # an input or a constant returned gets a buffer of its own

@@ -5,6 +5,7 @@ padded batch's mask is computed inside the partition instead of cutting it in tw
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ import numpy as np
 from autofusion.frontends.fx_nodes import Converter, Handler, example_value, out_shape, shape_of, static_tensor
 from autofusion.graph.types import DType
 from autofusion.ops.dtypes import onnx_code
+
+MAX_INDEX_ELEMENTS = 1 << 22  # as many as a folded constant may hold (fx_import.FOLD_MAX_ELEMENTS)
 
 _COMPARE = {"ge": "GreaterOrEqual", "gt": "Greater", "le": "LessOrEqual", "lt": "Less", "eq": "Equal"}
 _LOGICAL = {"and_": "And", "or_": "Or", "xor": "Xor", "logical_and": "And", "logical_or": "Or",
@@ -34,11 +37,11 @@ def _to(cv: Converter, node: Any) -> str:
 
 
 def _to_ok(node: Any) -> bool:
-    import torch
-
-    device = next((a for a in (*node.args[1:], node.kwargs.get("device")) if isinstance(a, (str, torch.device))),
-                  None)
-    return (device is None or torch.device(device).type == "cpu") and static_tensor(example_value(node.args[0]))
+    """A cast that stays on the CPU (what the example value says, not the arguments: ``x.to(0)``,
+    ``x.type("torch.LongTensor")`` and the like spell devices and dtypes many ways)."""
+    value = example_value(node)
+    return (bool(node.args) and static_tensor(example_value(node.args[0])) and static_tensor(value)
+            and value.device.type == "cpu")
 
 
 def _operand(cv: Converter, value: Any, like: DType) -> str:
@@ -88,6 +91,8 @@ def _binary_ok(bools: bool) -> Callable[[Any], bool]:
             return False
         (dtype,) = dtypes
         numbers = [v for v in values if isinstance(v, (bool, int, float))]
+        if dtype == DType.BOOL:  # torch promotes a bool tensor beside any other number (mask == 2: int64)
+            return all(isinstance(v, bool) for v in numbers)
         return all(dtype.is_float or not isinstance(v, float) for v in numbers)
     return check
 
@@ -153,6 +158,8 @@ def advanced_indices(node: Any) -> list[Any] | None:
     values = [example_value(i) for i in lead]
     if not all(static_tensor(v) and _dtype(v) == DType.INT64 for v in values):
         return None
+    if math.prod(np.broadcast_shapes(*(tuple(v.shape) for v in values))) > MAX_INDEX_ELEMENTS:
+        return None  # the flat index is a constant of the graph: a large one stays with torch
     return lead
 
 
