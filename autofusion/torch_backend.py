@@ -42,6 +42,7 @@ from autofusion.frontends.fx_import import (
     hidden_updates,
     is_convertible,
     is_module_state,
+    module_attribute,
     real_value,
     target_key,
     why_not_convertible,
@@ -150,7 +151,7 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
     frozen: list[bool] = []
     for arg in args:
         if arg.op == "get_attr":
-            values.append(_attr(parent, arg.target))
+            values.append(module_attribute(parent, arg.target))
             frozen.append(True)
         elif arg.op == "placeholder" and is_module_state(arg):
             real = real_value(arg)
@@ -175,12 +176,6 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
                                state_positions=state_positions,
                                state=state_signature(values[i] for i in state_positions),
                                rebuild=lambda now: _compile_partition(sub_gm, args, parent, name, now))
-
-
-def _attr(module: Any, target: str) -> Any:
-    for part in target.split("."):
-        module = getattr(module, part)
-    return module
 
 
 def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
@@ -239,7 +234,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue
-        sub_gm = _attr(fused, node.target)
+        sub_gm = module_attribute(fused, node.target)
         try:
             runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target))
         except _CONVERSION_ERRORS as exc:

@@ -355,6 +355,18 @@ def test_convolutions_the_taps_form_does_not_take(x_shape: tuple[int, ...], pads
     assert "af_sgemm_packed_taps(" not in code
 
 
+def _taps_case(case: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], dict]:
+    """A TAPS_CASES geometry: input and weight shapes, the output shape, the Conv's attributes."""
+    spec = TAPS_CASES[case]
+    xs, ws, pads = spec["x"], spec["w"], spec["pads"]
+    dil = spec.get("dilations", (1,) * (len(xs) - 2))
+    strides = spec.get("strides", (1,) * (len(xs) - 2))
+    half = len(pads) // 2
+    out_shape = (xs[0], ws[0]) + tuple((n + pads[i] + pads[i + half] - d * (k - 1) - 1) // s + 1
+                                       for i, (n, k, d, s) in enumerate(zip(xs[2:], ws[2:], dil, strides)))
+    return xs, ws, out_shape, {k: v for k, v in spec.items() if k in ("pads", "dilations", "group", "strides")}
+
+
 @pytest.mark.parametrize("impl", ["taps", "packed", "blas"])
 @pytest.mark.parametrize("case", sorted(TAPS_CASES))
 def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
@@ -363,21 +375,14 @@ def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
     the reference."""
     from autofusion.codegen.cores import CoreChoice, FixedChooser
 
-    spec = TAPS_CASES[case]
-    xs, ws, pads = spec["x"], spec["w"], spec["pads"]
-    dil = spec.get("dilations", (1,) * (len(xs) - 2))
-    strides = spec.get("strides", (1,) * (len(xs) - 2))
-    half = len(pads) // 2
-    out_shape = (xs[0], ws[0]) + tuple((n + pads[i] + pads[i + half] - d * (k - 1) - 1) // s + 1
-                                       for i, (n, k, d, s) in enumerate(zip(xs[2:], ws[2:], dil, strides)))
+    xs, ws, out_shape, attrs = _taps_case(case)
     m = ws[0]
     b = GraphBuilder("taps")
-    attrs = {k: v for k, v in spec.items() if k in ("pads", "dilations", "group", "strides")}
     c = b.op("Conv", b.input("x", xs), b.const(f32(*ws) * np.float32(0.2)), b.const(f32(m)), **attrs)
     bn = b.op("BatchNormalization", c, b.const(f32(m)), b.const(f32(m)), b.const(f32(m)),
               b.const(np.abs(f32(m)) + 0.5))
     g = b.build([b.op("Add", b.op("Relu", bn), b.input("skip", out_shape))])
-    feeds = {"x": f32(*spec["x"]), "skip": f32(*out_shape)}
+    feeds = {"x": f32(*xs), "skip": f32(*out_shape)}
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
                 ZERO_COST, ZERO_COST)
     model = CompiledModel(plan, cache=CACHE, cores=FixedChooser(CoreChoice(impl, 256)))
@@ -398,15 +403,8 @@ def test_convolutions_with_weights_given_at_run_time(case: str, impl: str) -> No
     Relu and a residual, against the reference; a second call with other weights too."""
     from autofusion.codegen.cores import CoreChoice, FixedChooser
 
-    spec = TAPS_CASES[case]
-    xs, ws, pads = spec["x"], spec["w"], spec["pads"]
-    dil = spec.get("dilations", (1,) * (len(xs) - 2))
-    strides = spec.get("strides", (1,) * (len(xs) - 2))
-    half = len(pads) // 2
-    out_shape = (xs[0], ws[0]) + tuple((n + pads[i] + pads[i + half] - d * (k - 1) - 1) // s + 1
-                                       for i, (n, k, d, s) in enumerate(zip(xs[2:], ws[2:], dil, strides)))
+    xs, ws, out_shape, attrs = _taps_case(case)
     b = GraphBuilder("runtime_w")
-    attrs = {k: v for k, v in spec.items() if k in ("pads", "dilations", "group", "strides")}
     c = b.op("Conv", b.input("x", xs), b.input("w", ws), b.const(f32(ws[0])), **attrs)
     g = b.build([b.op("Add", b.op("Relu", c), b.input("skip", out_shape))])
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
@@ -422,7 +420,7 @@ def test_convolutions_with_weights_given_at_run_time(case: str, impl: str) -> No
     assert ("af_pack_panels(" in code) == repacked and ("scipy_cblas_sgemm(" in code) == (not repacked)
     if repacked:
         taps = taps_block(out_shape[-1], model.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
-        assert ("af_sgemm_packed_taps(" in code) == (taps and "depth" not in case)
+        assert ("af_sgemm_packed_taps(" in code) == taps
 
 
 def test_taps_are_the_default_for_stride1_and_stride2() -> None:

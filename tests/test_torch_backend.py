@@ -661,14 +661,15 @@ def test_an_index_tensor_out_of_range_stays_eager_with_torch_s_error():
 
 def test_mask_ops_torch_would_promote_or_cannot_place_stay_eager(caplog):
     """A bool tensor beside an int number is promoted by torch (mask == 2 is all False, mask & 1 an
-    int64 tensor): those stay eager; so do casts spelled as a tensor type name. Results match eager."""
+    int64 tensor): those stay eager; so do casts spelled as a tensor type name and views as another
+    dtype. Results match eager."""
     mask = torch.tensor([[True, False, True]])
     ids = torch.tensor([[3, 0, 7]])
     with caplog.at_level("INFO", logger="autofusion.torch"):
-        _check(_Fn(lambda m, i: ((m == 2), (m < 2), (m & 1), i.type(torch.LongTensor) + 0, i.type(torch.float32))),
-               mask, ids)
+        _check(_Fn(lambda m, i: ((m == 2), (m < 2), (m & 1), i.type(torch.LongTensor) + 0, i.type(torch.float32),
+                                 i.view(torch.float32) * 1.0)), mask, ids)
     lines = " ".join(r.getMessage() for r in caplog.records if "partition(s)" in r.getMessage())
-    assert "eq (" in lines and "lt (" in lines and "and_ (" in lines, lines
+    assert "eq (" in lines and "lt (" in lines and "and_ (" in lines and "view (" in lines, lines
     from autofusion.frontends.fx_import import mutates
 
     graphs = []

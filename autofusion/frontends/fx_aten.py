@@ -258,7 +258,7 @@ def _convolution_backward(cv: Converter, node: Any) -> str:
     if mask[2]:
         grad_bias = cv.b.op("ReduceSum", dy, _axes(cv, [0, 2, 3]), keepdims=0)
     cv.multi[node] = (grad_input, None, grad_bias)
-    return grad_input or grad_bias or ""
+    return next(t for t in (grad_input, grad_bias) if t)  # the mask asks for one (_convolution_backward_ok)
 
 
 # node.meta key: torch computes this convolution_backward's input gradient faster (measured)

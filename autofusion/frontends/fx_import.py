@@ -680,7 +680,7 @@ def folded_value(node: Any) -> Any:
             if n.op == "placeholder":
                 values[n] = real_value(n)
             elif n.op == "get_attr":  # a constant Dynamo lifted onto the module
-                values[n] = _attribute(n.graph.owning_module, str(n.target))
+                values[n] = module_attribute(n.graph.owning_module, str(n.target))
             elif n.op == "call_module":  # a partition of foldable ops: its own torch ops compute it
                 args = [value_of(a) for a in n.args]
                 values[n] = n.graph.owning_module.get_submodule(str(n.target))(*args)
@@ -693,7 +693,8 @@ def folded_value(node: Any) -> Any:
     return value_of(node)
 
 
-def _attribute(module: Any, target: str) -> Any:
+def module_attribute(module: Any, target: str) -> Any:
+    """``module``'s attribute at the dotted path ``target`` (a get_attr node's, a fused partition's)."""
     for part in target.split("."):
         module = getattr(module, part)
     return module

@@ -11,7 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.frontends.fx_nodes import Converter, Handler, example_value, out_shape, shape_of, static_tensor
+from autofusion.frontends.fx_nodes import (
+    Converter,
+    Handler,
+    convert_reshape,
+    example_value,
+    out_shape,
+    shape_of,
+    static_tensor,
+)
 from autofusion.graph.types import DType
 from autofusion.ops.dtypes import onnx_code
 
@@ -101,10 +109,6 @@ def _not_ok(node: Any) -> bool:
     return len(node.args) == 1 and _dtype(example_value(node.args[0])) == DType.BOOL
 
 
-def _unsqueeze(cv: Converter, node: Any) -> str:
-    return cv.b.op("Reshape", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
-
-
 def _expand(cv: Converter, node: Any) -> str:
     """``x.expand(2, -1, 8)`` or ``x.expand((2, -1, 8))``: its result's static shape."""
     return cv.b.op("Expand", cv.tensor(node.args[0]), cv.b.const(np.asarray(out_shape(node), np.int64)))
@@ -177,7 +181,7 @@ HANDLERS: Mapping[str, Handler] = {
     "invert": _not,
     "logical_not": _not,
     "bitwise_not": _not,
-    "unsqueeze": _unsqueeze,
+    "unsqueeze": convert_reshape,
     "expand": _expand,
 }
 
