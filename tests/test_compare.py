@@ -162,18 +162,39 @@ def test_round_robin_timing_runs_every_runner_each_round() -> None:
     def runner(key: str):  # type: ignore[no-untyped-def]
         return lambda: calls.__setitem__(key, calls[key] + 1)
 
-    medians = round_robin_medians({"a": runner("a"), "b": runner("b")}, rounds=3, min_seconds=0.0, pause_seconds=0)
+    medians = round_robin_medians({"a": runner("a"), "b": runner("b")}, rounds=3, min_seconds=0.0, pause_seconds=0,
+                                  wake_seconds=0)
     # each round: one untimed call after the pause, then the timed ones
     assert set(medians) == {"a", "b"} and calls == {"a": 6, "b": 6} and all(v >= 0 for v in medians.values())
 
 
 def test_round_robin_timing_pauses_before_each_runner(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A runner's threads may spin after its calls (numpy's OpenBLAS: the next runner's first calls
-    ran 3x slower here): every runner's block starts after a pause and one untimed call."""
+    """A runner's threads may spin after its calls (after numpy's OpenBLAS the next runner ran 4x
+    slower for 100 ms here): every runner's block starts after a pause and untimed calls."""
     from autofusion.bench import timing
 
     events: list[str] = []
     monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(f"sleep {s}"))
     timing.round_robin_medians({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, rounds=2,
-                               min_seconds=0.0, pause_seconds=0.25)
+                               min_seconds=0.0, pause_seconds=0.25, wake_seconds=0)
     assert events == ["sleep 0.25", "a", "a", "sleep 0.25", "b", "b"] * 2
+
+
+def test_round_robin_pause_outlasts_spinning_pools() -> None:
+    """numpy's OpenBLAS and onnxruntime's pools spun for 50-100 ms after their last call here."""
+    from autofusion.bench.timing import RUNNER_PAUSE_SECONDS
+
+    assert RUNNER_PAUSE_SECONDS >= 0.15
+
+
+def test_wake_calls_until_its_time_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.bench import timing
+
+    clock = iter(range(100))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))
+    calls: list[int] = []
+    timing.wake(lambda: calls.append(1), seconds=3.5)  # starts at 0; calls while the clock reads < 3.5
+    assert len(calls) == 4
+    calls.clear()
+    timing.wake(lambda: calls.append(1), seconds=0)  # at least once
+    assert len(calls) == 1

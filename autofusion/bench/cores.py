@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.bench.timing import RUNNER_PAUSE_SECONDS
+from autofusion.bench.timing import RUNNER_PAUSE_SECONDS, wake
 from autofusion.codegen.cores import CoreChoice, CoreSpec, FixedChooser, Machine
 from autofusion.decide import unfused_plan
 from autofusion.runtime.tuning import core_graph
 
 RUNNERS = ("autofusion", "onnxruntime", "openblas")
-WAKE_RUNS = 10
 BLOCK_SECONDS = 0.05  # a 0.2 ms core timed 10 times after a pause is timed waking up, not running
 
 
@@ -152,7 +151,7 @@ def measure_cores(cores: list[tuple[CoreSpec, CoreChoice, int]], machine: Machin
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 time.sleep(RUNNER_PAUSE_SECONDS)
-                _timed(calls[name], WAKE_RUNS)  # threads that slept through the pause wake up untimed
+                wake(calls[name])  # threads that slept through the pause wake up untimed
                 samples[name] += _timed(calls[name], block[name])
         result.times_ms = {name: statistics.median(s) * 1e3 for name, s in samples.items()}
         results.append(result)
