@@ -128,8 +128,9 @@ def test_horizontal_qkv_shares_one_input_and_concatenated_weights() -> None:
     report = compare_outputs(run_graph(g, {"x": (x_v := f32(1, 16, 32))}), model.run({"x": x_v}))
     assert report.ok, report.summary()
     (kernel,) = model.source.kernels
-    # weights concatenated once, packed into 3 panels of 32 rows x 32 columns
-    assert len(kernel.derived) == 1 and kernel.derived[0][1].shape == (3, 32, 32)
+    # weights concatenated once, packed into 3 panels of 32 rows x 32 columns, slice by slice
+    cols = _slice_cols(None)
+    assert len(kernel.derived) == 1 and kernel.derived[0][1].shape == (3 * 32 // cols, 32, cols)
     assert kernel.code.count("af_sgemm_packed(") == 1 and "af_sgemm(" not in kernel.code  # one product
 
 
@@ -211,7 +212,7 @@ def _af_sgemm_library(tmp_path, entry: str, isa: str | None = None):
                    + '\nAF_API const char* isa(void) { return AF_ISA; }\nAF_API ' + entry)
     lib = tmp_path / f"t_{tc.isa}.so"
     subprocess.run([tc.cc, *tc.cflags, *inc, f"-I{tmp_path}", "-shared", "-fPIC", str(src), "-o", str(lib), *link],
-                   check=True)
+                   check=True, capture_output=True, text=True)
     if not tc.runnable:
         return None
     dll = ctypes.CDLL(str(lib))
@@ -260,7 +261,15 @@ def _packed_runner(tmp_path, isa: str | None = None):
     return run
 
 
-def _check_packed(run, m: int, n: int, k: int, kc: int, transposed: bool, alpha: float = 0.5) -> None:
+def _slice_cols(isa: str | None) -> int:
+    """The micro-kernel width a library built for ``isa`` (default: this CPU's) reads weights in."""
+    from autofusion.codegen.cores import MICRO_KERNELS, requested_isa
+
+    return MICRO_KERNELS[requested_isa(isa)][1]
+
+
+def _check_packed(run, m: int, n: int, k: int, kc: int, transposed: bool, alpha: float = 0.5,
+                  isa: str | None = None) -> None:
     """One call against numpy: A plain (lda = k + 3) or transposed, ldc = n + 2 (the last columns
     stay untouched)."""
     import ctypes
@@ -269,8 +278,9 @@ def _check_packed(run, m: int, n: int, k: int, kc: int, transposed: bool, alpha:
 
     ptr = ctypes.POINTER(ctypes.c_float)
     w = f32(k, n)
-    packed = pack_weights(w)
-    assert packed.shape == (-(-n // PACK_NR), k, PACK_NR)
+    cols = _slice_cols(isa)
+    packed = pack_weights(w, cols)
+    assert packed.shape == (-(-n // PACK_NR) * PACK_NR // cols, k, cols)
     a = f32(k, m + 2) if transposed else f32(m, k + 3)
     a_mk = a[:, :m].T if transposed else a[:, :k]
     ars, aps = (1, m + 2) if transposed else (k + 3, 1)
@@ -295,10 +305,10 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
         return
     for m in (1, 5, 6, 7, 11, 12, 13, 31, 300):
         for n in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 97, 300):
-            _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1)
+            _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1, isa=isa)
     for k in (1, 2, 7, 127, 128, 129, 257, 600):
         for kc in (128, 256, 1024):
-            _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5)
+            _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
 
 
 def test_af_sgemm_packed_reads_the_layout_pack_weights_writes(tmp_path) -> None:
@@ -316,11 +326,45 @@ def test_af_sgemm_packed_reads_the_layout_pack_weights_writes(tmp_path) -> None:
             _check_packed(run, m, n, k, 512, transposed)
     m, n, k, n0 = 4, 100, 40, 64  # columns 64.. of W: the third panel on
     w, a = f32(k, n), f32(m, k)
-    packed = pack_weights(w)
+    packed = pack_weights(w, _slice_cols(None))
     c = np.zeros((m, n - n0), np.float32)
     run(m, n - n0, k, 512, 1.0, a.ctypes.data_as(ptr), k, 1,
         packed.reshape(-1)[n0 * k:].ctypes.data_as(ptr), c.ctypes.data_as(ptr), n - n0)
     np.testing.assert_allclose(c, a @ w[:, n0:], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cols", [32, 16, 8])
+def test_pack_weights_lays_each_panel_out_slice_by_slice(cols: int) -> None:
+    """A 32-column panel is 32 / cols slices one after another, each K rows of ``cols`` columns: the
+    slice a micro-kernel call reads is contiguous (AVX2 reads 16 columns, half a panel: as halves of
+    each 128-byte row, its slice used only half of L1's sets). Column j starts at j * K; padding to
+    whole panels is zero."""
+    from autofusion.codegen.gemm import PACK_NR, pack_weights
+
+    k, n = 5, 45
+    w = f32(k, n)
+    flat = pack_weights(w, cols).reshape(-1)
+    assert flat.size == -(-n // PACK_NR) * PACK_NR * k
+    for j in range(-(-n // PACK_NR) * PACK_NR):
+        for p in range(k):
+            expected = w[p, j] if j < n else 0.0
+            assert flat[(j - j % cols) * k + p * cols + j % cols] == expected
+    with pytest.raises(ValueError, match="does not divide"):
+        pack_weights(w, 12)
+
+
+def test_a_weight_packed_for_another_width_does_not_compile(tmp_path) -> None:
+    """A call site checks at compile time that the kernel reads the slice width its weights were
+    packed for: a library built for another instruction set fails to build, never reads wrongly."""
+    import subprocess
+
+    wrong = {32: 16, 16: 8, 8: 32}[_slice_cols(None)]
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        _af_sgemm_library(tmp_path, f"void run(void) {{ AF_PACKED_FOR({wrong}); }}", None)
+    assert "packed for a micro-kernel of another width" in failed.value.stderr
+    (tmp_path / "ok").mkdir()
+    assert _af_sgemm_library(tmp_path / "ok", f"void run(void) {{ AF_PACKED_FOR({_slice_cols(None)}); }}",
+                             None) is not None
 
 
 PACK_ENTRY = """void run(int k, int n, const float* b, int64_t brs, int64_t bcs, float* pack) {
@@ -345,7 +389,7 @@ def test_run_time_packing_matches_the_build_time_panels(tmp_path, isa: str) -> N
     for k in (1, 7, 64, 129):
         for n in (1, 8, 31, 32, 33, 100):
             w = f32(k, n)
-            expected = pack_weights(w)
+            expected = pack_weights(w, _slice_cols(isa))
             for by_rows in (True, False):
                 src = np.zeros((k, n + 3), np.float32) if by_rows else np.zeros((n, k + 5), np.float32)
                 if by_rows:
@@ -429,7 +473,7 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
         w = f32(k, n)
         a = np.stack([slab[y * pitch + x + offs] for y in range(rows) for x in range(ow)])  # [rows * ow, k]
         c = np.full((rows * ow, n + 3), np.nan, np.float32)
-        packed = pack_weights(w)  # held: the call reads it
+        packed = pack_weights(w, _slice_cols(isa))  # held: the call reads it
         run(rows, ow, pitch, n, k, kc, 0.5, slab.ctypes.data_as(ptr), offs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
             packed.ctypes.data_as(ptr), c.ctypes.data_as(ptr), n + 3)
         np.testing.assert_allclose(c[:, :n], 0.5 * a @ w, rtol=1e-4, atol=1e-4, err_msg=f"ow={ow} rows={rows} n={n}")

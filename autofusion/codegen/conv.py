@@ -31,7 +31,7 @@ import numpy as np
 
 from autofusion.codegen import index as ix
 from autofusion.codegen.cores import CoreChoice, CoreSpec
-from autofusion.codegen.gemm import PACK_NR, PACKED_MIN_COLUMNS, pack_weights
+from autofusion.codegen.gemm import PACK_NR, PACKED_MIN_COLUMNS, pack_weights, packed_for, slice_cols
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
@@ -104,6 +104,7 @@ class _Conv:
         self.folded = False  # a BatchNormalization folded into the weights
         self.k_pass = 0  # K rows per pass of the packed kernel (the core choice's)
         self.runtime_pack: dict[str, Any] | None = None  # a weight given at run time, packed per call
+        self.packed_check = ""  # the C check that the kernel reads a build-time packed weight's slices
         self.prologue: list[str] = []
         self.epilogue: list[str] = []
         k.uses_blas = True
@@ -223,8 +224,10 @@ class _Conv:
                                      panels=-(-mg // PACK_NR))
             return "wpack"
         if choice.packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
+            cols = slice_cols(self.k)
+            self.packed_check = packed_for(cols)
             return self.k.derived_constant(f"{core.name}_packed", np.concatenate(
-                [pack_weights(wg.reshape(mg, kc).T) for wg in np.split(np.asarray(weight), geo["groups"])]))
+                [pack_weights(wg.reshape(mg, kc).T, cols) for wg in np.split(np.asarray(weight), geo["groups"])]))
         if self.folded and weight is not None:  # the folded weights, as sgemm reads them
             return self.k.derived_constant(f"{core.name}_folded", np.asarray(weight, np.float32))
         return self._buffer(core.inputs[1])
@@ -282,7 +285,7 @@ class _Conv:
                                    f"group {geo['groups']}, {how}; epilogue per tile: {ops}"),
             direct=direct, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
             parallel=parallel, shared_col=shared_col, tile_floats=tile_floats, col_bytes=col_bytes,
-            tile_bytes=tile_bytes, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
+            tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
             x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, ldc=ldc, w_ptr=w_ptr,
             body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None, runtime_pack=self.runtime_pack,
             **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
@@ -419,7 +422,7 @@ class _Conv:
                                    f"{how}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
             prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
-            tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
+            tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
             batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile", ldc=ldc,
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],

@@ -48,14 +48,28 @@ PACKED_MIN_COLUMNS = 8  # narrower weights would be mostly zero padding in a 32-
 SMALL_ROWS = 8  # af_sgemm's own kernel takes up to 2 x AF_SMALL_M rows (templates/c/af_sgemm.c.j2)
 
 
-def pack_weights(w: np.ndarray) -> np.ndarray:
-    """A [K, N] weight as af_sgemm_packed reads it: ceil(N / PACK_NR) panels, each K rows of PACK_NR
-    columns, the last panel zero-padded."""
+def pack_weights(w: np.ndarray, slice_cols: int) -> np.ndarray:
+    """A [K, N] weight as af_sgemm_packed reads it: ceil(N / PACK_NR) panels, the last zero-padded,
+    each PACK_NR / ``slice_cols`` slices of K rows of ``slice_cols`` columns (the micro-kernel's
+    width, ``Machine.micro_kernel[1]``), one after another. Shape [panels * slices, K, slice_cols]."""
+    if slice_cols < 1 or PACK_NR % slice_cols:
+        raise ValueError(f"slice width {slice_cols} does not divide the {PACK_NR}-column panel")
     k, n = w.shape
-    panels = -(-n // PACK_NR)
-    padded = np.zeros((k, panels * PACK_NR), np.float32)
+    slices = -(-n // PACK_NR) * PACK_NR // slice_cols
+    padded = np.zeros((k, slices * slice_cols), np.float32)
     padded[:, :n] = w
-    return np.ascontiguousarray(padded.reshape(k, panels, PACK_NR).transpose(1, 0, 2))
+    return np.ascontiguousarray(padded.reshape(k, slices, slice_cols).transpose(1, 0, 2))
+
+
+def slice_cols(k: KernelContext) -> int:
+    """Columns of the micro-kernel the kernel's cores run: the width its weights are packed for."""
+    return k.chooser.machine.micro_kernel[1]
+
+
+def packed_for(slice_cols: int) -> str:
+    """The C check, at a call site of af_sgemm_packed on a weight packed at build time, that the
+    kernel reads the slice width the weight was packed for (templates/c/af_sgemm.c.j2)."""
+    return f"AF_PACKED_FOR({slice_cols});"
 
 
 def _packed_column_block(n: int, row_tiles: int) -> int:
@@ -436,7 +450,7 @@ class _Gemm:
         packed = weight is not None
         if weight is not None:  # tiles start on panel boundaries: column n0 of the packed weight is at n0 * K
             assert tiles_n == 1 or nb % PACK_NR == 0, (n, nb)
-            b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(weight))} + {ix.mul('n0', kk)}"
+            b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(weight, slice_cols(self.k)))} + {ix.mul('n0', kk)}"
         elif seg.unpacked is not None:  # constant weights of several cores, side by side, for sgemm
             tb, ldb = False, n
             b_ptr = f"{self.k.derived_constant(seg.weight_label, seg.unpacked)} + n0"
@@ -459,7 +473,7 @@ class _Gemm:
             "tiles": n_batch * tiles_m * tiles_n, "tiles_m": tiles_m, "tiles_n": tiles_n, "mb": mb, "nb": nb,
             "m": m_total, "n": n, "k": kk, "alpha": literal(seg.alpha, DType.FLOAT32),
             "ta": "CblasTrans" if ta else "CblasNoTrans", "tb": "CblasTrans" if tb else "CblasNoTrans",
-            "packed": packed, "k_pass": kc, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
+            "packed": packed, "packed_for": packed_for(slice_cols(self.k)) if packed else "", "k_pass": kc, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
             "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
             "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autofusion.codegen.gemm import PACK_NR, pack_weights
+from autofusion.codegen.gemm import PACK_NR, pack_weights, packed_for, slice_cols
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.names import c_comment_text
 from autofusion.graph.graph import Graph, Node
@@ -207,7 +207,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
     # column p*32 + gate*8 + u of the packed weight is gate `gate` of hidden unit 8p + u
     perm = np.array([gate * hidden + p * UNITS + u for p in range(panels) for gate in range(4) for u in range(UNITS)])
     stacked = np.concatenate([np.asarray(w_x, np.float32).T, np.asarray(w_h, np.float32).T])  # [D + H, 4H]
-    w_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_packed", pack_weights(stacked[:, perm]))
+    w_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_packed", pack_weights(stacked[:, perm], slice_cols(k)))
     bias = np.zeros(4 * hidden, np.float32)
     for gemm in (first.gemm_x, first.gemm_h):
         if len(gemm.inputs) > 2 and gemm.inputs[2]:
@@ -224,7 +224,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
         comment=c_comment_text(f"LSTM cell over {len(steps)} steps: batch {batch}, input {d}, hidden {hidden}; "
                                f"gates interleaved {UNITS} hidden units per {PACK_NR}-column panel"),
         steps=len(steps), batch=batch, d=d, hidden=hidden, k=kk, panels=panels, units=UNITS, nr=PACK_NR,
-        kc=k.chooser.machine.default_kc(),
+        kc=k.chooser.machine.default_kc(), packed_for=packed_for(slice_cols(k)),
         xs=[i[0] for i in inputs if i is not None], x_strides=[i[1] for i in inputs if i is not None],
         h_out=[k.pointer(s.h_out) if s.h_out in outputs else "NULL" for s in steps],
         c_out=[k.pointer(s.c_out) if s.c_out in outputs else "NULL" for s in steps],
