@@ -67,11 +67,14 @@ def test_default_chooser_packs_what_can_be_packed() -> None:
 
 
 def test_candidates_are_the_default_other_blockings_and_openblas() -> None:
-    assert candidates(BIG, MACHINE) == [CoreChoice("packed", 512), CoreChoice("packed", 256),
-                                        CoreChoice("packed", 1024), CoreChoice("blas")]
+    assert candidates(BIG, MACHINE) == [CoreChoice("packed", 512), CoreChoice("packed", 128),
+                                        CoreChoice("packed", 256), CoreChoice("packed", 1024), CoreChoice("blas")]
     # K = 200: every pass of 256 rows or more is one pass, the same code as the default
     shallow = CoreSpec("gemm", 128, 768, 200, packable=True)
-    assert candidates(shallow, MACHINE) == [CoreChoice("packed", 512), CoreChoice("blas")]
+    assert candidates(shallow, MACHINE) == [CoreChoice("packed", 512), CoreChoice("packed", 128), CoreChoice("blas")]
+    # K = 100: one pass whatever the blocking
+    assert candidates(CoreSpec("gemm", 128, 768, 100, packable=True), MACHINE) == [
+        CoreChoice("packed", 512), CoreChoice("blas")]
 
 
 def test_a_core_spec_key_tells_cores_apart() -> None:
@@ -316,13 +319,14 @@ def test_a_convolution_with_its_weight_given_at_run_time_is_tuned_with_it_as_an_
     geometry = ((8, 32, 32, 32), (64, 32, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1,))
     spec = CoreSpec("conv", 256, 64, 288, False, 8, geometry, taps=True, repackable=True)
     assert tunable(spec) and spec.key() != CoreSpec("conv", 256, 64, 288, True, 8, geometry, taps=True).key()
-    assert candidates(spec, MACHINE) == [CoreChoice("repack", 512), CoreChoice("repack", 256), CoreChoice("blas")]
+    assert candidates(spec, MACHINE) == [CoreChoice("repack", 512), CoreChoice("repack", 128), CoreChoice("repack", 256),
+                                        CoreChoice("blas")]
     g, feeds = core_graph(spec)
     assert g.inputs == ("x", "w") and feeds["w"].shape == (64, 32, 3, 3)
     times = {c: 3e-4 for c in candidates(spec, MACHINE)}
     times[CoreChoice("blas")] = 1e-4
     built: list[CoreChoice] = []
-    assert _tuner(tmp_path, times, built).choose(spec) == CoreChoice("blas") and len(built) == 3
+    assert _tuner(tmp_path, times, built).choose(spec) == CoreChoice("blas") and len(built) == 4
 
 
 # -- instruction sets ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 For each distinct core of a plan that has a choice (a constant weight the packed kernel can take,
 large enough to matter), the tuner compiles the core alone as a one-op model, once per candidate
-(``candidates``: the packed kernel with K in passes of half, once and twice the default ``kc``,
+(``candidates``: the packed kernel with K in passes of a quarter, half, once and twice the default ``kc``,
 from the L2 cache; for a convolution over one plane its taps read in place and the im2col form; and
 OpenBLAS's sgemm on the unpacked weight). It times them round-robin on this machine with the plan's
 thread count (each sample a run repeated for SAMPLE_SECONDS; a candidate's time is its fastest
@@ -85,7 +85,9 @@ def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
     impl = "repack" if not spec.packable else "taps" if spec.taps else "packed"
     out = [CoreChoice(impl, base)] + ([CoreChoice("packed", base)] if spec.taps and spec.packable else [])
     seen = {base}
-    for kc in (base // 2, base * 2):
+    # a quarter: with AVX2, taps read in place are 64 bytes a step, as much as the slice of W, and only
+    # 128 rows keep both in L1 (Zen 3, 512 KiB L2: the default 512)
+    for kc in (base // 4, base // 2, base * 2):
         kc = max(KC_MIN, min(KC_MAX, kc))
         if kc not in seen and min(kc, spec.k) != min(base, spec.k):
             seen.add(kc)
