@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="*", default=list(CASES), help="MODEL or MODEL:SEQ (default: all)")
     p.add_argument("--suffix", default="", help="appended to each result file's name")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where the files go")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more options for autofusion bench-cores")
     args = p.parse_args(argv)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         data = json.loads(r.stdout)
         data["environment"] = {k: os.environ[k] for k in ("AUTOFUSION_ISA", "OPENBLAS_CORETYPE") if k in os.environ}
-        out = ROOT / "benchmarks" / "results" / f"cores_{model}{'_seq' + seq if seq else ''}{args.suffix}.json"
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        out = args.out_dir / f"cores_{model}{'_seq' + seq if seq else ''}{args.suffix}.json"
         out.write_text(json.dumps(data, indent=2) + "\n")
         for c in data["cores"]:
             t = c["median_ms"]

@@ -1,10 +1,12 @@
 """Markdown tables from the result files, so the numbers in docs/benchmarks.md are copied by a program.
 
     python benchmarks/tables.py > /tmp/tables.md
+    python benchmarks/tables.py --results benchmarks/results/zen3     # another machine's run
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -89,8 +91,11 @@ def cores_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    for path in sorted(RESULTS.glob("cores_*.json")):
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", type=Path, default=RESULTS, help="folder of result files (default: %(default)s)")
+    results = p.parse_args(argv).results
+    for path in sorted(results.glob("cores_*.json")):
         data = json.loads(path.read_text())
         env = data.get("environment") or {}
         print(f"### {path.stem}\n")
@@ -99,7 +104,7 @@ def main() -> int:
               + f"; {data['rounds']} rounds x {data['repeat']} runs, {data['threads']} threads; load average "
               f"{data['load_average_before']} / {data['load_average_after']}\n")
         print(cores_table(data) + "\n")
-    files = sorted(RESULTS.glob("bench_*.json"))
+    files = sorted(results.glob("bench_*.json"))
     memory = ["| case | unfused activations | fused activations | fused / unfused | unfused with per-thread blocks "
               "| fused with per-thread blocks | fused / unfused |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -122,7 +127,7 @@ def main() -> int:
     print("\n".join(outside) + "\n")
     print("### peak memory\n")
     print("\n".join(memory) + "\n")
-    opt = RESULTS / "optimize.json"
+    opt = results / "optimize.json"
     if opt.exists():
         optimize_tables(json.loads(opt.read_text()))
     return 0
