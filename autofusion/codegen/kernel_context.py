@@ -17,6 +17,20 @@ from autofusion.graph.types import TensorType
 from autofusion.ops.registry import OpRegistry
 
 SCRATCH_ALIGN = 64
+CACHE_LINE = 64  # derived constants start on a line (cache_line_aligned)
+
+
+def cache_line_aligned(array: np.ndarray) -> np.ndarray:
+    """``array``, C-contiguous, with its data on a cache-line boundary (a copy when it is not): a
+    packed weight at numpy's 16-byte offset has each 64-byte slice row straddle two lines (8 x 3072
+    @ 3072 x 768 streamed from L3, 2 threads, Zen 3: 0.645 against 0.535 ms in the model)."""
+    if array.flags.c_contiguous and array.ctypes.data % CACHE_LINE == 0:
+        return array
+    raw = np.empty(array.nbytes + CACHE_LINE, np.uint8)
+    shift = (-raw.ctypes.data) % CACHE_LINE
+    out = raw[shift:shift + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,7 @@ class KernelContext:
             if lab == label:
                 return ident
         ident = self.names(f"d_{label}")
-        self.derived.append((label, ident, np.ascontiguousarray(array)))
+        self.derived.append((label, ident, cache_line_aligned(array)))
         return ident
 
     # -- scratch and names -------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
     RunError,
     WorkspacePool,
-    aligned_copy,
     checked_feeds,
     default_threads,
     load_library,
@@ -66,7 +65,7 @@ class CompiledModel:
         lib.af_run.restype = ctypes.c_int
         lib.af_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         self._lib = lib
-        self._consts = [aligned_copy(np.asarray(a)) for _, a in self.source.constants]
+        self._consts = [np.ascontiguousarray(a) for _, a in self.source.constants]
         self._const_ptrs = pointer_array(self._consts)
         ctx = lib.af_create(ctypes.cast(self._const_ptrs, ctypes.c_void_p))
         if not ctx:

@@ -25,7 +25,6 @@ from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
     RunError,
-    aligned_copy,
     aligned_empty,
     checked_feeds,
     default_threads,
@@ -71,9 +70,9 @@ class UnfusedRunner:
             fn = getattr(lib, f"af_call_{self.source.function[group.name]}")
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-            self._steps.append(_Step(group, k, fn, [aligned_copy(np.asarray(a)) for _, a in k.derived]))
+            self._steps.append(_Step(group, k, fn, [np.ascontiguousarray(a) for _, a in k.derived]))
         self._lib = lib
-        self._consts = {t: aligned_copy(np.asarray(c.array)) for t, c in self.graph.constants.items()}
+        self._consts = {t: np.ascontiguousarray(c.array) for t, c in self.graph.constants.items()}
 
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run op by op; returns the graph outputs by name."""
