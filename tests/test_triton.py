@@ -199,8 +199,10 @@ def test_unsupported_template_is_a_clear_error() -> None:
     model = TritonModel(plan)  # one kernel per op instead
     assert "g0" in model.split and not model.fallbacks
     feeds = feeds_for(plan.graph)
+    # atol: an output near 0.014 is a sum of terms up to ~5, so float32 summation order moves it by
+    # ~4e-7 (2.6e-5 relative: seen on a Zen 3, where torch's CPU kernels sum in another order)
     np.testing.assert_allclose(model(feeds)[plan.graph.outputs[0]], run_graph(plan.graph, feeds)[plan.graph.outputs[0]],
-                               rtol=1e-5)
+                               rtol=1e-5, atol=2e-6)
 
 
 def test_rendering_is_deterministic() -> None:

@@ -60,6 +60,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                 const float* restrict cols = slab;
                 float* restrict c = tile;
                 /* the tile transposed, [positions x channels]: the taps (read in place) @ the packed W^T */
+                AF_PACKED_FOR(32);
                 af_sgemm_packed_taps((int)(plen / 56), 56, 58, mlen, 576, 1024, 1.0f, cols, offs,
                                      t_d_conv_3_packed + gi * 36864 + m0 * 576, c, 64);
                 /* the tile is [positions x channels]: channels innermost, so that the tile is read in order
