@@ -106,7 +106,7 @@ def test_packed_weights_reach_the_kernels_on_cache_line_boundaries() -> None:
     boundaries, in the fused model and op by op: numpy's 16-byte offset made each 64-byte slice row
     of a weight straddle two cache lines (8 x 3072 @ 3072 x 768, 2 threads, Zen 3: 0.645 against
     0.535 ms in the model). The graph's own constants are handed over as they are, never copied."""
-    from autofusion.codegen.kernel_context import cache_line_aligned
+    from autofusion.codegen.buffers import cache_line_aligned
 
     graph, feeds = builtin_case("bert-tiny")
     model = CompiledModel(greedy_plan(graph, horizontal=True), cache=CACHE)

@@ -15,10 +15,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from autofusion.decide.plan import Plan
 from autofusion.graph.graph import FrozenMap
 
-ALIGN = 64
+ALIGN = 64  # a cache line: every buffer, scratch block and build-time constant starts on one
+
+
+def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised byte buffer whose data pointer is ``align``-aligned."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % align
+    return raw[shift:shift + nbytes]
+
+
+def cache_line_aligned(array: np.ndarray) -> np.ndarray:
+    """``array``, C-contiguous, with its data on a cache line (a copy when it is not): a packed
+    weight at numpy's 16-byte offset has each 64-byte slice row straddle two lines (8 x 3072 @
+    3072 x 768 streamed from L3, 2 threads, Zen 3: 0.645 against 0.535 ms in the model)."""
+    if array.flags.c_contiguous and array.ctypes.data % ALIGN == 0:
+        return array
+    out = aligned_empty(array.nbytes).view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
 
 
 @dataclass(frozen=True)

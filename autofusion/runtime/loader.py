@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autofusion.codegen.buffers import aligned_empty
 from autofusion.graph.graph import Graph
 from autofusion.ir.interpreter import InterpreterError, check_feeds
 
@@ -39,13 +40,6 @@ def load_library(path: Path) -> ctypes.CDLL:
 def pointer_array(arrays: Sequence[np.ndarray | None]) -> ctypes.Array[ctypes.c_void_p]:
     """A C array of the arrays' data pointers (kept alive by the caller)."""
     return (ctypes.c_void_p * max(1, len(arrays)))(*[None if a is None else a.ctypes.data for a in arrays])
-
-
-def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
-    """An uninitialised byte buffer whose data pointer is ``align``-aligned."""
-    raw = np.empty(nbytes + align, dtype=np.uint8)
-    shift = (-raw.ctypes.data) % align
-    return raw[shift:shift + nbytes]
 
 
 class WorkspacePool:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.codegen.buffers import aligned_empty
 from autofusion.codegen.kernel_context import KernelSource
 from autofusion.codegen.superkernel import render_unfused
 from autofusion.codegen.templates import TemplateSet
@@ -25,7 +26,6 @@ from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
     RunError,
-    aligned_empty,
     checked_feeds,
     default_threads,
     load_library,
