@@ -48,17 +48,17 @@ PACKED_MIN_COLUMNS = 8  # narrower weights would be mostly zero padding in a 32-
 SMALL_ROWS = 8  # af_sgemm's own kernel takes up to 2 x AF_SMALL_M rows (templates/c/af_sgemm.c.j2)
 
 
-def pack_weights(w: np.ndarray, slice_cols: int) -> np.ndarray:
+def pack_weights(w: np.ndarray, width: int) -> np.ndarray:
     """A [K, N] weight as af_sgemm_packed reads it: ceil(N / PACK_NR) panels, the last zero-padded,
-    each PACK_NR / ``slice_cols`` slices of K rows of ``slice_cols`` columns (the micro-kernel's
-    width, ``Machine.micro_kernel[1]``), one after another. Shape [panels * slices, K, slice_cols]."""
-    if slice_cols < 1 or PACK_NR % slice_cols:
-        raise ValueError(f"slice width {slice_cols} does not divide the {PACK_NR}-column panel")
+    each PACK_NR / ``width`` slices of K rows of ``width`` columns (the micro-kernel's, see
+    :func:`slice_cols`), one after another. Shape [panels * slices, K, width]."""
+    if width < 1 or PACK_NR % width:
+        raise ValueError(f"slice width {width} does not divide the {PACK_NR}-column panel")
     k, n = w.shape
-    slices = -(-n // PACK_NR) * PACK_NR // slice_cols
-    padded = np.zeros((k, slices * slice_cols), np.float32)
+    slices = -(-n // PACK_NR) * PACK_NR // width
+    padded = np.zeros((k, slices * width), np.float32)
     padded[:, :n] = w
-    return np.ascontiguousarray(padded.reshape(k, slices, slice_cols).transpose(1, 0, 2))
+    return np.ascontiguousarray(padded.reshape(k, slices, width).transpose(1, 0, 2))
 
 
 def slice_cols(k: KernelContext) -> int:
@@ -66,10 +66,10 @@ def slice_cols(k: KernelContext) -> int:
     return k.chooser.machine.micro_kernel[1]
 
 
-def packed_for(slice_cols: int) -> str:
+def packed_for(width: int) -> str:
     """The C check, at a call site of af_sgemm_packed on a weight packed at build time, that the
     kernel reads the slice width the weight was packed for (templates/c/af_sgemm.c.j2)."""
-    return f"AF_PACKED_FOR({slice_cols});"
+    return f"AF_PACKED_FOR({width});"
 
 
 def _packed_column_block(n: int, row_tiles: int) -> int:
