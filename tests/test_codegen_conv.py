@@ -187,7 +187,8 @@ def test_decider_ends_the_stems_convolution_with_its_maxpool() -> None:
 
 
 def test_per_thread_blocks_are_counted_and_a_single_block_of_positions_shares_its_im2col() -> None:
-    """Each thread's im2col block and tile are counted (KernelSource.thread_bytes, BufferPlan.footprint);
+    """Each thread's im2col block and tiles (the product's, and it turned channel-major) are counted
+    (KernelSource.thread_bytes, BufferPlan.footprint);
     with one block of positions and several channel blocks the im2col matrix is computed once, by all
     threads, into the group's scratch (counted in the workspace) instead of once per task."""
     from autofusion.codegen import render_plan
@@ -207,21 +208,22 @@ def test_per_thread_blocks_are_counted_and_a_single_block_of_positions_shares_it
         assert source.buffers is not None
         return source.kernels[0], source.buffers
 
-    # 32 x 32 positions in 4 blocks of 8 rows (256 positions), 64 channels: per-thread im2col and tile
+    # 32 x 32 positions in 4 blocks of 8 rows (256 positions), 64 channels: per-thread im2col and tiles
     kernel, buffers = kernel_of((1, 16, 32, 32), 64)
     assert "shared by every task" not in kernel.code
-    assert kernel.thread_bytes == 4 * (16 * 9 * 256 + 64 * 256) and kernel.scratch_bytes == 0
+    assert kernel.thread_bytes == 4 * (16 * 9 * 256 + 2 * 64 * 256) and kernel.scratch_bytes == 0
     assert buffers.footprint(2) == buffers.workspace_bytes + 2 * kernel.thread_bytes
     # 7 x 7 positions, 256 channels in 4 blocks of 64: one shared im2col matrix, per-thread tiles only
     kernel, buffers = kernel_of((1, 64, 7, 7), 256)
     assert "shared by every task" in kernel.code
-    assert kernel.scratch_bytes == 4 * 64 * 9 * 49 and kernel.thread_bytes == 4 * 64 * 49
+    assert kernel.scratch_bytes == 4 * 64 * 9 * 49 and kernel.thread_bytes == 2 * 4 * 64 * 49
 
 
 def test_the_taps_form_counts_its_slab_offsets_and_tile_per_thread() -> None:
     """Reading the taps in place, a thread's block holds the task's input rows zero-padded (8 output
     rows + 2 of the 3x3 kernel's reach, 34 columns with the padding), the offset of each (channel, tap)
-    and the transposed tile, compact (8 rows of 32 positions: the padding columns are not computed);
+    and the transposed tile, compact (8 rows of 32 positions: the padding columns are not computed),
+    with its channel-major copy;
     no scratch."""
     from autofusion.codegen import render_plan
 
@@ -234,7 +236,7 @@ def test_the_taps_form_counts_its_slab_offsets_and_tile_per_thread() -> None:
     kernel = render_plan(plan).kernels[0]
     slab, offs, tile = 16 * (8 + 2) * 34 * 4, 16 * 9 * 4, 64 * 8 * 32 * 4
     assert "af_sgemm_packed_taps(" in kernel.code and kernel.scratch_bytes == 0
-    assert kernel.thread_bytes == -(-(slab + offs) // 64) * 64 + tile
+    assert kernel.thread_bytes == -(-(slab + offs) // 64) * 64 + 2 * tile
 
 
 def test_runs_reuse_each_threads_block_instead_of_fresh_pages() -> None:
@@ -325,6 +327,8 @@ TAPS_CASES = {
     "1x3_kernel": dict(x=(1, 16, 7, 20), w=(40, 16, 1, 3), pads=(0, 1, 0, 1)),
     "1x1_with_pad": dict(x=(1, 16, 6, 6), w=(32, 16, 1, 1), pads=(1, 1, 1, 1)),
     "7x7_layer4": dict(x=(1, 64, 7, 7), w=(96, 64, 3, 3), pads=(1, 1, 1, 1)),
+    # channels and positions that are no multiple of the 8 x 8 blocks the tile is turned in
+    "odd_channels_and_rows": dict(x=(1, 8, 11, 13), w=(37, 8, 3, 3), pads=(1, 1, 1, 1)),
     "1d": dict(x=(2, 16, 50), w=(32, 16, 5), pads=(2, 2)),
     # strided: the slab split into stride phases (2 x 2 planes for a 3x3 stride-2 kernel)
     "3x3_stride2_odd_rows": dict(x=(1, 24, 17, 16), w=(40, 24, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),

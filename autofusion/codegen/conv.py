@@ -7,8 +7,8 @@ copies its input rows once, split by stride phase, and the taps are read in plac
 are computed in parallel and, while each tile is in cache, the epilogue (bias, folded
 BatchNormalization, Relu/Clip, residual Add, ...) runs on it. Constant weights with at least
 PACKED_MIN_COLUMNS output channels per group are packed at build time and the tile is computed
-transposed, [positions x channels] = cols^T @ W^T, by
-``af_sgemm_packed``. A weight given at run time (training; a gradient's Convs) can be packed into
+transposed, [positions x channels] = cols^T @ W^T, by ``af_sgemm_packed``, then turned
+channel-major (``af_transpose``) for the epilogue. A weight given at run time (training; a gradient's Convs) can be packed into
 the same panels at the start of each call (``repack``, chosen by the tuner against OpenBLAS); other
 weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same code with unit leading
 spatial axes.
@@ -251,9 +251,9 @@ class _Conv:
         if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
             direct = tap_slab(geo["cg"], pb // ow, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]),
                               (geo["dh"], geo["dw"]))
-        if packed:  # the tile holds out^T: [positions x channels], channels at stride mb
+        if packed:  # the product's tile is [positions x channels]; the epilogue reads it turned channel-major
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
-            c_ptr, ldc = "tile", mb
+            c_ptr, ldc = "tile_t", pb
         elif ybuf:
             c_ptr, ldc = f"{ybuf} + (n * {geo['m']} + gi * {mg} + m0) * {p} + p0", p
         else:
@@ -276,7 +276,7 @@ class _Conv:
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
         if direct is not None:  # the slab and the offset table take the im2col block's place
             col_floats = (direct.slab_bytes + kc * 4) // 4
-        col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 1)
+        col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 2 if packed else 1)  # (and tile_t)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         how = "taps read in place" if direct else "im2col " + ("yes" if im2col else "no")
         return k.templates.render(
@@ -322,7 +322,7 @@ class _Conv:
         """The epilogue per element of a tile: each aligned output computed from the tile's value."""
         y, ys = self.y, self.g.types[self.y].shape
         inl = Inliner(self.k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, ys[-1], bias, inl, transposed=packed)
+        inl.overrides[y] = self._tile_override(ldc, ys[-1], bias, inl)
         body = Block()
         idx = self._y_index()
         for t, dest in aligned:
@@ -382,11 +382,11 @@ class _Conv:
         pb = rows * ow
         mb = _channel_block(mg, n_img * groups * -(-poh // prb), packed)
         tiles_m = -(-mg // mb)
-        ldc = mb if packed else pb
+        ldc = pb  # the tile, or with a packed weight tile_t: [channel x position]
         # pass 1, per tile element: the pooling op's input (bias, activation...) into pin, [channel x position]
         pool_in = pool.inputs[0]
         inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl, transposed=packed)
+        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl)
         prepass = Block()
         prepass.emit(f"pin[mi * {pb} + q * {ow} + ow] = {inl.value(pool_in, self._y_index(), prepass)};")
         # pass 2, per pooled element: the window over pin (and whatever follows the pooling op)
@@ -414,7 +414,7 @@ class _Conv:
         if choice.taps:  # the block's input rows, read in place (see _render_tiles)
             direct = tap_slab(geo["cg"], rows, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]), (geo["dh"], geo["dw"]))
             col_floats = (direct.slab_bytes + geo["kc"] * 4) // 4
-        col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 2)  # tile and pin
+        col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 3 if packed else 2)  # tile, pin (and tile_t)
         how = "taps read in place" if direct else "im2col " + ("yes" if geo["im2col"] else "no")
         return k.templates.render(
             "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False, runtime_pack=None,
@@ -423,7 +423,8 @@ class _Conv:
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
             prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
             tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
-            batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile", ldc=ldc,
+            batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile_t" if packed else "tile",
+            ldc=ldc,
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],
             pool=dict(rows=prb, out_rows=poh, out_cols=ps[3], stride=stride, pad=pad, reach=reach, body=body.lines),
@@ -461,14 +462,13 @@ class _Conv:
         ys = self.g.types[self.y].shape
         return tuple("0" if n == 1 else f"i{d}" for d, n in enumerate(ys))
 
-    def _tile_override(self, ldc: int, ow: int, bias: Bias | None, inl: Inliner, transposed: bool = False
-                       ) -> Override:
+    def _tile_override(self, ldc: int, ow: int, bias: Bias | None, inl: Inliner) -> Override:
         expected = self._y_index()
 
         def override(idx: Index, block: Block) -> str:
             if tuple(idx) != expected:
                 raise Misaligned(self.core.name)
-            expr = f"c[(q * {ow} + ow) * {ldc} + mi]" if transposed else f"c[mi * {ldc} + q * {ow} + ow]"
+            expr = f"c[mi * {ldc} + q * {ow} + ow]"
             if bias is not None:
                 expr += f" + {bias(idx[1], inl, block)}"
             return expr

@@ -10,7 +10,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
         scipy_openblas_set_num_threads(1); /* tiles run in parallel, one sgemm per thread at a time */
         #pragma omp parallel num_threads(nt)
         {
-            char* restrict block = (char*)af_thread_block(148736); /* this thread's */
+            char* restrict block = (char*)af_thread_block(206080); /* this thread's */
             /* this thread's slab: a block's input rows zero-padded and split by stride phase,
                [channel][row phase][column phase][row][column]; offs: where each (channel, tap) starts in
                it, so that the taps are read in place (af_sgemm_packed_taps) */
@@ -22,6 +22,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                     offs[row] = (int32_t)(row / 9 * 348 + tap_start[row % 9]);
             }
             float* restrict tile = (float*)(block + 91392);
+            float* restrict tile_t = (float*)(block + 148736); /* the tile channel-major */
             /* one task per (image, group, channel block, block of whole output rows): no barrier between them */
             #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < 14; ++t) {
@@ -58,25 +59,26 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                             }
                         }
                 const float* restrict cols = slab;
-                float* restrict c = tile;
+                float* restrict c = tile_t;
                 /* the tile transposed, [positions x channels]: the taps (read in place) @ the packed W^T */
                 AF_PACKED_FOR(32);
                 af_sgemm_packed_taps((int)(plen / 56), 56, 58, mlen, 576, 1024, 1.0f, cols, offs,
-                                     t_d_conv_3_packed + gi * 36864 + m0 * 576, c, 64);
-                /* the tile is [positions x channels]: channels innermost, so that the tile is read in order
-                   (channel by channel, a tile larger than L1 is re-read from L2 at every element) */
-                for (int64_t q = 0; q < plen / 56; ++q) {
-                    const int64_t srow = p0 / 56 + q;
-                    (void)srow;
-                    const int64_t i2 = srow;
-                    for (int64_t ow = 0; ow < 56; ++ow) {
-                        const int64_t i3 = ow;
-                        for (int64_t mi = 0; mi < mlen; ++mi) {
-                            const int64_t i0 = n;
-                            const int64_t i1 = gi * 64 + m0 + mi;
-                            (void)i0;
+                                     t_d_conv_3_packed + gi * 36864 + m0 * 576, tile, 64);
+                /* the tile is [positions x channels]: turned channel-major, so that the epilogue reads and
+                   writes rows of positions in order */
+                af_transpose(plen, mlen, tile, 64, c, 224);
+                for (int64_t mi = 0; mi < mlen; ++mi) {
+                    const int64_t i0 = n;
+                    const int64_t i1 = gi * 64 + m0 + mi;
+                    (void)i0;
+                    for (int64_t q = 0; q < plen / 56; ++q) {
+                        const int64_t srow = p0 / 56 + q;
+                        (void)srow;
+                        const int64_t i2 = srow;
+                        for (int64_t ow = 0; ow < 56; ++ow) {
+                            const int64_t i3 = ow;
                             const float v5 = t_const_2[i1];
-                            const float v6 = c[(q * 56 + ow) * 64 + mi] + v5;
+                            const float v6 = c[mi * 224 + q * 56 + ow] + v5;
                             const float v7 = t_skip[i1 * 3136 + i2 * 56 + i3];
                             const float v8 = v6 + v7;
                             const float v9 = (v8 < 0.0f ? 0.0f : v8);
