@@ -54,7 +54,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                                 if (lo > hi || !inside) lo = hi;
                                 float* restrict out = dst + b * 348;
                                 for (int64_t j = 0; j < lo; ++j) out[j] = 0.0f;
-                                memcpy(out + lo, src + lo - first, (size_t)(hi - lo) * sizeof(float));
+                                for (int64_t j = lo; j < hi; ++j) out[j] = src[j * 1 - first];
                                 for (int64_t j = hi; j < 58; ++j) out[j] = 0.0f;
                             }
                         }
