@@ -239,6 +239,24 @@ def test_the_taps_form_counts_its_slab_offsets_and_tile_per_thread() -> None:
     assert kernel.thread_bytes == -(-(slab + offs) // 64) * 64 + 2 * tile
 
 
+def test_one_block_of_positions_copies_its_slab_once_for_every_channel_block() -> None:
+    """With one block of positions and several of channels, the taps' slab is copied once, by all
+    threads, into the kernel's scratch (counted there), not once per channel block's task; each
+    thread keeps only its offsets and tiles."""
+    from autofusion.codegen import render_plan
+    from autofusion.codegen.conv import tap_slab
+
+    b = GraphBuilder("conv_shared_slab")
+    x = b.input("x", (1, 16, 15, 13))
+    g = b.build([b.op("Conv", x, b.const(f32(80, 16, 3, 3)), pads=(1, 1, 1, 1), strides=(2, 2))])
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                ZERO_COST, ZERO_COST)
+    kernel = render_plan(plan).kernels[0]
+    slab = tap_slab(16, 8, 7, (3, 3), (2, 2), (1, 1))
+    assert "once for every channel block" in kernel.code and kernel.scratch_bytes == slab.slab_bytes
+    assert kernel.thread_bytes == -(-16 * 9 * 4 // 64) * 64 + 2 * -(-64 * 56 * 4 // 64) * 64
+
+
 def test_runs_reuse_each_threads_block_instead_of_fresh_pages() -> None:
     """A kernel's per-thread blocks (here a 147 KiB im2col block) come from a block each thread keeps
     between runs: with glibc's mmap threshold fixed at 128 KiB, as the benchmark does, allocating them
@@ -329,6 +347,8 @@ TAPS_CASES = {
     "7x7_layer4": dict(x=(1, 64, 7, 7), w=(96, 64, 3, 3), pads=(1, 1, 1, 1)),
     # channels and positions that are no multiple of the 8 x 8 blocks the tile is turned in
     "odd_channels_and_rows": dict(x=(1, 8, 11, 13), w=(37, 8, 3, 3), pads=(1, 1, 1, 1)),
+    # one block of positions, two of channels: the slab copied once into scratch, shared by the tasks
+    "shared_slab_stride2": dict(x=(1, 16, 15, 13), w=(80, 16, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),
     "1d": dict(x=(2, 16, 50), w=(32, 16, 5), pads=(2, 2)),
     # strided: the slab split into stride phases (2 x 2 planes for a 3x3 stride-2 kernel)
     "3x3_stride2_odd_rows": dict(x=(1, 24, 17, 16), w=(40, 24, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),

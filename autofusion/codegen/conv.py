@@ -274,8 +274,12 @@ class _Conv:
                       and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1 else None)
         tile_floats = mb * pb if packed or not ybuf else 0
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
+        # the same for the taps' slab: copied once, not once per channel block (ResNet's 14 x 14 stride-2
+        # layer: 4 tasks each copying all 460 KB of it, 16 % of the kernel's time under perf)
+        shared_slab = (k.scratch(direct.slab_bytes) if direct is not None and parallel
+                       and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1 else None)
         if direct is not None:  # the slab and the offset table take the im2col block's place
-            col_floats = (direct.slab_bytes + kc * 4) // 4
+            col_floats = ((0 if shared_slab is not None else direct.slab_bytes) + kc * 4) // 4
         col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 2 if packed else 1)  # (and tile_t)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         how = "taps read in place" if direct else "im2col " + ("yes" if im2col else "no")
@@ -284,7 +288,8 @@ class _Conv:
             comment=c_comment_text(f"Conv {self.core.name}: {list(geo['xs'])} * {list(geo['ws'])} -> {list(ys)}, "
                                    f"group {geo['groups']}, {how}; epilogue per tile: {ops}"),
             direct=direct, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
-            parallel=parallel, shared_col=shared_col, tile_floats=tile_floats, col_bytes=col_bytes,
+            parallel=parallel, shared_col=shared_col, shared_slab=shared_slab, tile_floats=tile_floats,
+            col_bytes=col_bytes,
             tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
             x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, ldc=ldc, w_ptr=w_ptr,
             body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None, runtime_pack=self.runtime_pack,
@@ -422,6 +427,7 @@ class _Conv:
                                    f"{how}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
             prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
+            shared_slab=None,
             tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
             batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile_t" if packed else "tile",
             ldc=ldc,
