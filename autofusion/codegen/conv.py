@@ -8,9 +8,9 @@ are computed in parallel and, while each tile is in cache, the epilogue (bias, f
 BatchNormalization, Relu/Clip, residual Add, ...) runs on it. Constant weights with at least
 PACKED_MIN_COLUMNS output channels per group are packed at build time and the tile is computed
 transposed, [positions x channels] = cols^T @ W^T, by ``af_sgemm_packed``, then turned
-channel-major (``af_transpose``) for the epilogue. A weight given at run time (training; a gradient's Convs) can be packed into
-the same panels at the start of each call (``repack``, chosen by the tuner against OpenBLAS); other
-weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same code with unit leading
+channel-major (``af_transpose``) for the epilogue. A weight given at run time (training; a
+gradient's Convs) can be packed into the same panels at the start of each call (``repack``, chosen
+by the tuner against OpenBLAS); other weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same code with unit leading
 spatial axes.
 
 A pooling op (MaxPool, AveragePool) after the convolution and its activation can be part of the
