@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -480,10 +481,12 @@ def test_a_setup_removes_its_own_folder_and_keeps_a_given_one(tmp_path: Path) ->
 
 def test_runs_are_timed_with_a_steady_allocator_and_probed_without(monkeypatch: pytest.MonkeyPatch) -> None:
     """The memory probe (first run) with glibc's threshold fixed low, so freed buffers leave the
-    process; warm-up and timed runs with it at its steady maximum; then the low one and a trim."""
+    process; warm-up, settling and timed runs with it at its steady maximum; then the low one and a
+    trim."""
     import autofusion.bench.environment as environment
     from autofusion.bench import harness
 
+    monkeypatch.setattr(harness, "SETTLE_SECONDS", 0.0)  # one settling call
     events: list[object] = []
 
     class FakeLibc:
@@ -516,4 +519,32 @@ def test_runs_are_timed_with_a_steady_allocator_and_probed_without(monkeypatch: 
     low = [("mallopt", -3, environment.MMAP_THRESHOLD), ("mallopt", -1, environment.TRIM_THRESHOLD)]
     at = events.index(steady[0])
     assert at > events.index("call")  # the first (probed) run came before
-    assert events[at:] == [*steady, *["call"] * 4, *low, "trim"]
+    assert events[at:] == [*steady, *["call"] * 5, *low, "trim"]
+
+
+def test_timed_runs_follow_untimed_calls_for_the_settling_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the warm-up runs a runner is called untimed for SETTLE_SECONDS before its timed runs:
+    right after its setup (a compile, a tuner, another runtime's pools still spinning) a runner ran
+    at twice its settled time or more, and 3 warm-up runs of a 2 ms kernel did not cover that."""
+    from autofusion.bench import harness
+
+    monkeypatch.setattr(harness, "SETTLE_SECONDS", 0.05)
+    stamps: list[float] = []
+
+    def factory(setup: BenchSetup) -> Runner:
+        def call() -> dict[str, np.ndarray]:
+            stamps.append(time.perf_counter())
+            return dict(run_graph(setup.graph, setup.feeds))
+        return Runner("probe", call, None, "n/a", 0.0, "tracemalloc")
+
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("g")
+    g = b.build([b.op("Relu", b.input("x", (2, 3)))])
+    setup = BenchSetup(g, unfused_plan(g), {"x": np.ones((2, 3), np.float32)}, threads=2)
+    measured = harness.measure("probe", setup, run_graph(g, setup.feeds), repeat=3, warmup=1, rtol=1e-5,
+                               atol=1e-5, factories={"probe": factory}, per_kernel=False)
+    assert measured.result is not None and len(measured.result.times_ms) == 3
+    # the probed run, the warm-up run, then settling calls spanning 0.05 s, then the 3 timed runs
+    settling = stamps[2:-3]
+    assert len(settling) >= 2 and settling[-1] - settling[0] >= 0.05 - 0.01
