@@ -268,16 +268,15 @@ class _Conv:
             self.epilogue.append(self._nest(over).render(late))
         parallel = 2 * geo["n_img"] * geo["m"] * p * geo["kc"] >= PARALLEL_MIN_FLOPS
         im2col, kc = geo["im2col"], geo["kc"]
-        # one image, one group, one block of positions: every channel block needs the same im2col matrix,
-        # computed once by all threads into scratch instead of once per task
-        shared_col = (k.scratch(kc * p * 4) if im2col and direct is None and not depthwise and parallel
-                      and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1 else None)
+        # one image, one group, one block of positions: every channel block needs the same im2col matrix
+        # (or taps' slab), computed once by all threads into scratch instead of once per task (ResNet's
+        # 14 x 14 stride-2 layer: 4 tasks each copying all 460 KB of its slab, 16 % of the kernel under perf)
+        shared_input = parallel and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1
+        shared_col = (k.scratch(kc * p * 4) if shared_input and im2col and direct is None and not depthwise
+                      else None)
+        shared_slab = k.scratch(direct.slab_bytes) if shared_input and direct is not None else None
         tile_floats = mb * pb if packed or not ybuf else 0
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
-        # the same for the taps' slab: copied once, not once per channel block (ResNet's 14 x 14 stride-2
-        # layer: 4 tasks each copying all 460 KB of it, 16 % of the kernel's time under perf)
-        shared_slab = (k.scratch(direct.slab_bytes) if direct is not None and parallel
-                       and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1 else None)
         if direct is not None:  # the slab and the offset table take the im2col block's place
             col_floats = ((0 if shared_slab is not None else direct.slab_bytes) + kc * 4) // 4
         col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 2 if packed else 1)  # (and tile_t)
