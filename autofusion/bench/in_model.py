@@ -1,0 +1,241 @@
+"""Every distinct matrix-product core timed inside the whole model, in autofusion and onnxruntime.
+
+A core timed alone (``bench.cores``) pays a Python call, an output allocation and cold caches that
+it does not pay in the model; in resnet18 on a Xeon a 3x3 convolution took 1.23 ms alone and 0.93 ms
+in the model. Here both runtimes run the whole model, each timing its own kernels: our profiling
+build (``CompiledModel(profile=True)``) times each kernel, onnxruntime's profiler each node. Both are
+keyed by the product they compute, ``(kind, rows, columns, depth)``: rows are every row of every
+call (a batched product's calls and a convolution's images x positions), columns the output channels
+of all groups, depth a group's inner dimension, read from each onnxruntime node's shapes.
+
+What each side's time holds differs as the runtimes fuse differently: our kernel's epilogue (bias,
+activation, residual add, pooling) is in ours, onnxruntime's fused activation or sum in its node,
+and a kernel with several cores (a horizontal GEMM) gives each core its share of the kernel's time
+by FLOPs. Each side's time of a core is the mean over its instances of their medians.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autofusion.bench.timing import RUNNER_PAUSE_SECONDS, wake
+from autofusion.codegen.cores import CoreSpec
+
+CoreKey = tuple[str, int, int, int]  # (kind, rows of all calls, columns of all groups, depth)
+GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul"})
+
+
+def spec_key(spec: CoreSpec) -> CoreKey:
+    """A core's key: a convolution's calls are images x groups, its n the channels of one group."""
+    if spec.kind == "conv":
+        groups = spec.geometry[-1][0] if spec.geometry else 1
+        return ("conv", spec.calls // groups * spec.m, spec.n * groups, spec.k)
+    return ("gemm", spec.calls * spec.m, spec.n, spec.k)
+
+
+def _shapes(arg: Any) -> list[list[int]]:
+    """``[{"float": [1, 64, 56, 56]}, ...]`` (onnxruntime's ``input_type_shape``) as shapes."""
+    return [next(iter(entry.values())) for entry in arg or []]
+
+
+def ort_node_key(op: str, inputs: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> CoreKey | None:
+    """The core an onnxruntime node computes, from its op and shapes; None when it has none.
+
+    Convolutions come in NCHW (weight [M, C/g, kh, kw]) and channel-blocked forms (input
+    [N, C/b, H, W, b], weight [M/b, C/b, kh, kw, b, b], or [M/b, C, kh, kw, b] for an NCHW input)."""
+    if not inputs or not outputs:
+        return None
+    out = list(outputs[0])
+    if op == "Conv" and len(inputs) >= 2 and len(out) >= 3:
+        w = list(inputs[1])
+        # channel-blocked output: a weight of one more axis, or an NCHW input of one fewer (the stem)
+        blocked = len(w) == len(out) + 1 or len(inputs[0]) == len(out) - 1
+        spatial = out[2:-1] if blocked else out[2:]
+        channels = out[1] * out[-1] if blocked else out[1]
+        depth = w[1] * math.prod(w[2:2 + len(spatial)]) * (w[-2] if len(w) == len(spatial) + 4 else 1)
+        return ("conv", out[0] * math.prod(spatial), channels, depth)
+    if op in GEMM_OPS and len(inputs) >= 2 and len(out) >= 2:
+        a = list(inputs[0])
+        rows, cols = math.prod(out[:-1]), out[-1]
+        # A's last axis, or its next to last where A is transposed (FusedMatMul, Gemm's transA)
+        depth = a[-1] if len(a) == 1 or a[-2] * math.prod(out[:-2]) == rows else a[-2]
+        return ("gemm", rows, cols, depth)
+    return None
+
+
+@dataclass
+class InModelCore:
+    """One distinct core: its instances and time per instance in each runtime's run of the model."""
+
+    key: CoreKey
+    describe: str
+    labels: list[str] = field(default_factory=list)
+    ours_ms: list[float] = field(default_factory=list)  # per instance: the kernel's median x the core's share
+    ort_ms: list[float] = field(default_factory=list)  # per matching node: its median
+    ort_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.key[1] * self.key[2] * self.key[3]
+
+    def mean(self, side: str) -> float | None:
+        values = self.ours_ms if side == "autofusion" else self.ort_ms
+        return statistics.fmean(values) if values else None
+
+    def ratio(self) -> float | None:
+        ours, theirs = self.mean("autofusion"), self.mean("onnxruntime")
+        return None if ours is None or not theirs else ours / theirs
+
+    def to_json(self) -> dict[str, Any]:
+        ours, theirs = self.mean("autofusion"), self.mean("onnxruntime")
+        return {"core": self.describe, "kind": self.key[0], "rows": self.key[1], "columns": self.key[2],
+                "depth": self.key[3], "variants": sorted(set(self.labels)), "instances": len(self.ours_ms),
+                "onnxruntime_nodes": len(self.ort_ms), "ms_per_instance": {"autofusion": ours, "onnxruntime": theirs},
+                "gflops": {side: self.flops / 1e9 / (t / 1e3) for side, t in
+                           (("autofusion", ours), ("onnxruntime", theirs)) if t},
+                "ratio_vs_onnxruntime": self.ratio()}
+
+
+def _describe(key: CoreKey) -> str:
+    kind, rows, cols, depth = key
+    return f"{kind} [{rows} x {depth}] @ [{depth} x {cols}]"
+
+
+def our_cores(kernels: Any, medians_ms: Mapping[str, float], label: Callable[[Any], str]
+              ) -> tuple[dict[CoreKey, InModelCore], float]:
+    """Each kernel's median shared among its cores by FLOPs; also the time of kernels without one."""
+    cores: dict[CoreKey, InModelCore] = {}
+    rest = dict(medians_ms)
+    for kernel in kernels:
+        ms = rest.pop(kernel.group.name, None)
+        if ms is None or not kernel.cores:
+            if ms is not None:
+                rest[kernel.group.name] = ms
+            continue
+        total = sum(spec.flops for spec, _ in kernel.cores) or 1
+        for spec, choice in kernel.cores:
+            key = spec_key(spec)
+            entry = cores.setdefault(key, InModelCore(key, _describe(key)))
+            entry.ours_ms.append(ms * spec.flops / total)
+            entry.labels.append(label(choice))
+    return cores, sum(rest.values())
+
+
+def ort_node_times(events: Sequence[Mapping[str, Any]], timed: Sequence[bool] | None = None
+                   ) -> dict[str, tuple[str, CoreKey | None, float]]:
+    """Per node of an onnxruntime profile: (op, core key, median ms) over the runs ``timed`` marks
+    (run i is the i-th ``model_run`` event; all runs without ``timed``)."""
+    starts = sorted(float(e["ts"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    per_node: dict[str, list[float]] = {}
+    meta: dict[str, tuple[str, CoreKey | None]] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        run = bisect.bisect_right(starts, float(e.get("ts", 0.0))) - 1
+        if timed is not None and not (0 <= run < len(timed) and timed[run]):
+            continue
+        args = e.get("args", {})
+        node = name.removesuffix("_kernel_time")
+        per_node.setdefault(node, []).append(float(e.get("dur", 0.0)) / 1e3)
+        if node not in meta:
+            op = str(args.get("op_name", ""))
+            meta[node] = (op, ort_node_key(op, _shapes(args.get("input_type_shape")),
+                                           _shapes(args.get("output_type_shape"))))
+    return {node: (*meta[node], statistics.median(t)) for node, t in per_node.items()}
+
+
+@dataclass
+class InModelResult:
+    cores: list[InModelCore]
+    ours_total_ms: float  # our kernels' medians, summed
+    ours_rest_ms: float  # of kernels without a core
+    ort_total_ms: float  # onnxruntime's nodes' medians, summed
+    ort_rest_ms: float  # of its nodes without a core we have
+    unmatched: dict[str, float]  # onnxruntime nodes computing a core the plan does not have: ms
+
+    def to_json(self) -> dict[str, Any]:
+        ratios = [r for r in (c.ratio() for c in self.cores) if r is not None]
+        return {"cores": [c.to_json() for c in self.cores],
+                "totals_ms": {"autofusion": self.ours_total_ms, "onnxruntime": self.ort_total_ms},
+                "outside_cores_ms": {"autofusion": self.ours_rest_ms, "onnxruntime": self.ort_rest_ms},
+                "unmatched_onnxruntime_nodes_ms": dict(self.unmatched),
+                "worst_ratio_vs_onnxruntime": max(ratios) if ratios else None}
+
+
+def combine(ours: dict[CoreKey, InModelCore], ours_rest: float,
+            ort: Mapping[str, tuple[str, CoreKey | None, float]]) -> InModelResult:
+    """Our cores beside onnxruntime's nodes of the same key, largest total FLOPs first."""
+    unmatched: dict[str, float] = {}
+    ort_rest = 0.0
+    for node, (_, key, ms) in ort.items():
+        if key is not None and key in ours:
+            ours[key].ort_ms.append(ms)
+            ours[key].ort_nodes.append(node)
+        elif key is not None:
+            unmatched[node] = ms
+        else:
+            ort_rest += ms
+    cores = sorted(ours.values(), key=lambda c: -c.flops * max(1, len(c.ours_ms)))
+    total = sum(sum(c.ours_ms) for c in cores) + ours_rest
+    return InModelResult(cores, total, ours_rest, sum(ms for _, _, ms in ort.values()), ort_rest, unmatched)
+
+
+def measure_in_model(plan: Any, onnx_bytes: bytes, feeds: Mapping[str, np.ndarray], threads: int,
+                     runs: int = 10, rounds: int = 5, tune: bool = True, cache: Any = None,
+                     progress: Any = None) -> InModelResult:
+    """Run the whole model ``rounds`` x ``runs`` times in each runtime, in turn (every other round in
+    reverse order, a pause and untimed runs before each block), each timing its own kernels."""
+    import onnxruntime as ort
+
+    from autofusion.runtime import CompiledModel
+
+    model = CompiledModel(plan, threads=threads, profile=True, tune=tune, cache=cache, progress=progress)
+    with tempfile.TemporaryDirectory(prefix="autofusion-in-model-") as tmp:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tmp) / "ort")
+        opts.log_severity_level = 3
+        session = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
+        ort_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+        samples: dict[str, list[float]] = {}
+        timed: list[bool] = []  # per onnxruntime run, in order: whether it is one of the timed runs
+
+        def ours() -> None:
+            for group, seconds in model.step_samples(feeds, runs).items():
+                samples.setdefault(group, []).extend(seconds)
+
+        def ort_run(counted: bool) -> None:
+            session.run(None, ort_feeds)
+            timed.append(counted)
+
+        def theirs() -> None:
+            for _ in range(runs):
+                ort_run(True)
+
+        blocks: list[tuple[Callable[[], None], Callable[[], object]]] = [
+            (ours, lambda: model.run(feeds)), (theirs, lambda: ort_run(False))]
+        for _, call in blocks:  # first runs: page faults and lazy set-up
+            call()
+        for r in range(rounds):
+            for block, call in blocks if r % 2 == 0 else blocks[::-1]:
+                time.sleep(RUNNER_PAUSE_SECONDS)
+                wake(call)  # threads that slept through the pause wake up untimed
+                block()
+        events = json.loads(Path(session.end_profiling()).read_text())
+    medians = {group: statistics.median(t) * 1e3 for group, t in samples.items()}
+    cores, rest = our_cores(model.source.kernels, medians, lambda c: c.label(model.machine))
+    return combine(cores, rest, ort_node_times(events, timed))
