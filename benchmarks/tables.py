@@ -91,6 +91,22 @@ def cores_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def in_model_table(data: dict[str, Any]) -> str:
+    """One bench-cores --in-model result: each distinct core's time per instance inside the model."""
+    lines = ["| core | in model | variant | ours ms | onnxruntime ms | ours / ort | ours GFLOP/s | ort GFLOP/s |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for c in data["cores"]:
+        t, g = c["ms_per_instance"], c["gflops"]
+        count = c["instances"] if c["instances"] == c["onnxruntime_nodes"] else f"{c['instances']} / {c['onnxruntime_nodes']}"
+        lines.append(f"| {c['core']} | {count} | {', '.join(c['variants'])} | {t['autofusion'] or 0:.3f} | "
+                     f"{t['onnxruntime'] or 0:.3f} | {_x(c['ratio_vs_onnxruntime'])} | {g.get('autofusion', 0):.0f} | "
+                     f"{g.get('onnxruntime', 0):.0f} |")
+    tot, rest = data["totals_ms"], data["outside_cores_ms"]
+    lines.append(f"\nAll kernels: ours {tot['autofusion']:.2f} ms, onnxruntime's nodes {tot['onnxruntime']:.2f} ms; "
+                 f"outside the cores: ours {rest['autofusion']:.2f} ms, onnxruntime {rest['onnxruntime']:.2f} ms.")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, default=RESULTS, help="folder of result files (default: %(default)s)")
@@ -104,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
               + f"; {data['rounds']} rounds x {data['repeat']} runs, {data['threads']} threads; load average "
               f"{data['load_average_before']} / {data['load_average_after']}\n")
         print(cores_table(data) + "\n")
+    for path in sorted(results.glob("in_model_*.json")):
+        data = json.loads(path.read_text())
+        print(f"### {path.stem}\n")
+        print(f"{data['machine']['cpu']}; {data['rounds']} rounds x {data['repeat']} runs of the whole model in each "
+              f"runtime, {data['threads']} threads; load average {data['load_average_before']} / "
+              f"{data['load_average_after']}\n")
+        print(in_model_table(data) + "\n")
     files = sorted(results.glob("bench_*.json"))
     memory = ["| case | unfused activations | fused activations | fused / unfused | unfused with per-thread blocks "
               "| fused with per-thread blocks | fused / unfused |",

@@ -29,6 +29,9 @@ from autofusion.codegen.cores import CoreChoice, CoreSpec
     ("MatMul", [[1, 8, 768], [768, 768]], [[1, 8, 768]], ("gemm", 8, 768, 768)),
     ("MatMul", [[1, 12, 8, 64], [1, 12, 64, 8]], [[1, 12, 8, 8]], ("gemm", 96, 8, 64)),
     ("FusedMatMul", [[1, 12, 8, 64], [1, 12, 8, 64]], [[1, 12, 8, 8]], ("gemm", 96, 8, 64)),  # B transposed
+    # a weight packed ahead is not listed: A, the bias, the output
+    ("FusedGemm", [[1, 768], [768]], [[1, 768]], ("gemm", 1, 768, 768)),
+    ("Conv", [[1, 64, 8, 8], [64]], [[1, 64, 8, 8]], None),
     ("Relu", [[1, 4]], [[1, 4]], None),
     ("Conv", [], [[1, 4, 4, 4]], None),
 ])
@@ -98,3 +101,20 @@ def test_bench_cores_in_model_matches_every_core_of_a_model(capsys: pytest.Captu
     code = main(["bench-cores", "resnet-tiny", "--in-model", "--repeat", "1", "--rounds", "1", "--no-tune", "--top", "2"])
     out = capsys.readouterr().out
     assert code == 0 and "inside the whole model" in out and "ours/ort" in out
+
+
+def test_a_product_onnxruntime_runs_in_parts_is_matched_to_them() -> None:
+    qkv, out = CoreSpec("gemm", 8, 192, 64), CoreSpec("gemm", 8, 64, 64)  # Q, K and V in one product
+    cores, rest = our_cores([_kernel("k0", qkv), _kernel("k1", out), _kernel("k2", qkv), _kernel("k3", out)],
+                            {"k0": 3.0, "k1": 1.5, "k2": 3.0, "k3": 1.5}, lambda c: c.impl)
+    ort = {f"mm{i}": ("MatMul", ("gemm", 8, 64, 64), 1.0 + (i % 2) * 0.5) for i in range(8)}
+    result = combine(cores, rest, ort)
+    wide, narrow = cores[("gemm", 8, 192, 64)], cores[("gemm", 8, 64, 64)]
+    assert wide.ort_ms == [pytest.approx(3 * 1.25)] * 2 and wide.ratio() == pytest.approx(3.0 / 3.75)
+    assert len(narrow.ort_ms) == 2 and narrow.ratio() == pytest.approx(1.5 / 1.25)
+    assert result.unmatched == {}
+    # too few nodes of the shape to be the parts: the wide core has no time of onnxruntime's
+    few = {f"mm{i}": ("MatMul", ("gemm", 8, 64, 64), 1.0) for i in range(5)}
+    cores, rest = our_cores([_kernel("k0", qkv), _kernel("k1", out), _kernel("k2", qkv), _kernel("k3", out)],
+                            {"k0": 3.0, "k1": 1.5, "k2": 3.0, "k3": 1.5}, lambda c: c.impl)
+    assert combine(cores, rest, few).cores[0].ratio() is None

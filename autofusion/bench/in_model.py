@@ -33,7 +33,7 @@ from autofusion.bench.timing import RUNNER_PAUSE_SECONDS, wake
 from autofusion.codegen.cores import CoreSpec
 
 CoreKey = tuple[str, int, int, int]  # (kind, rows of all calls, columns of all groups, depth)
-GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul"})
+GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "FusedGemm"})
 
 
 def spec_key(spec: CoreSpec) -> CoreKey:
@@ -57,7 +57,7 @@ def ort_node_key(op: str, inputs: Sequence[Sequence[int]], outputs: Sequence[Seq
     if not inputs or not outputs:
         return None
     out = list(outputs[0])
-    if op == "Conv" and len(inputs) >= 2 and len(out) >= 3:
+    if op in ("Conv", "FusedConv") and len(inputs) >= 2 and len(out) >= 3 and len(inputs[1]) >= len(out):
         w = list(inputs[1])
         # channel-blocked output: a weight of one more axis, or an NCHW input of one fewer (the stem)
         blocked = len(w) == len(out) + 1 or len(inputs[0]) == len(out) - 1
@@ -65,7 +65,8 @@ def ort_node_key(op: str, inputs: Sequence[Sequence[int]], outputs: Sequence[Seq
         channels = out[1] * out[-1] if blocked else out[1]
         depth = w[1] * math.prod(w[2:2 + len(spatial)]) * (w[-2] if len(w) == len(spatial) + 4 else 1)
         return ("conv", out[0] * math.prod(spatial), channels, depth)
-    if op in GEMM_OPS and len(inputs) >= 2 and len(out) >= 2:
+    # from A and the output alone: a weight onnxruntime packed ahead is missing from the shapes it lists
+    if op in GEMM_OPS and len(out) >= 2:
         a = list(inputs[0])
         rows, cols = math.prod(out[:-1]), out[-1]
         # A's last axis, or its next to last where A is transposed (FusedMatMul, Gemm's transA)
@@ -176,20 +177,53 @@ class InModelResult:
 
 def combine(ours: dict[CoreKey, InModelCore], ours_rest: float,
             ort: Mapping[str, tuple[str, CoreKey | None, float]]) -> InModelResult:
-    """Our cores beside onnxruntime's nodes of the same key, largest total FLOPs first."""
-    unmatched: dict[str, float] = {}
+    """Our cores beside onnxruntime's nodes of the same key, largest total FLOPs first.
+
+    A product onnxruntime runs as several nodes (a horizontal GEMM's parts: Q, K and V as three
+    products of one shape) is matched to the nodes of that shape beyond those our own cores of the
+    shape account for; each part is priced at the mean of all nodes of the shape."""
+    by_key: dict[CoreKey, list[tuple[str, float]]] = {}
     ort_rest = 0.0
     for node, (_, key, ms) in ort.items():
-        if key is not None and key in ours:
-            ours[key].ort_ms.append(ms)
-            ours[key].ort_nodes.append(node)
-        elif key is not None:
-            unmatched[node] = ms
-        else:
+        if key is None:
             ort_rest += ms
+        else:
+            by_key.setdefault(key, []).append((node, ms))
+    for key, nodes in by_key.items():
+        if key in ours:
+            ours[key].ort_ms += [ms for _, ms in nodes]
+            ours[key].ort_nodes += [n for n, _ in nodes]
+    claimed: set[CoreKey] = set()
+    for key, core in ours.items():
+        part = None if core.ort_ms else _parts_of(key, len(core.ours_ms), ours, by_key)
+        if part is not None:
+            nodes, parts = by_key[part], key[2] // part[2]
+            mean = statistics.fmean(ms for _, ms in nodes)
+            core.ort_ms = [mean * parts] * len(core.ours_ms)
+            core.ort_nodes = [f"{parts} x {_describe(part)}"] * len(core.ours_ms)
+            by_key[part] = nodes[: len(nodes) - parts * len(core.ours_ms)]
+            claimed.add(part)
+            if part in ours:  # the parts' nodes leave the count of our own core of that shape
+                ours[part].ort_ms = [mean] * len(by_key[part])
+                ours[part].ort_nodes = [n for n, _ in by_key[part]]
+    unmatched = {n: ms for key, nodes in by_key.items() if key not in ours and key not in claimed for n, ms in nodes}
     cores = sorted(ours.values(), key=lambda c: -c.flops * max(1, len(c.ours_ms)))
     total = sum(sum(c.ours_ms) for c in cores) + ours_rest
     return InModelResult(cores, total, ours_rest, sum(ms for _, _, ms in ort.values()), ort_rest, unmatched)
+
+
+def _parts_of(key: CoreKey, instances: int, ours: Mapping[CoreKey, InModelCore],
+              by_key: Mapping[CoreKey, list[tuple[str, float]]]) -> CoreKey | None:
+    """The shape of onnxruntime's nodes that compute ``key``'s core in parts: the same rows and depth,
+    columns a divisor, and enough nodes of it beyond our own cores of that shape."""
+    kind, rows, cols, depth = key
+    for part, nodes in by_key.items():
+        if part[0] != kind or part[1] != rows or part[3] != depth or part[2] >= cols or cols % part[2]:
+            continue
+        own = len(ours[part].ours_ms) if part in ours else 0
+        if len(nodes) - own >= cols // part[2] * instances:
+            return part
+    return None
 
 
 def measure_in_model(plan: Any, onnx_bytes: bytes, feeds: Mapping[str, np.ndarray], threads: int,
