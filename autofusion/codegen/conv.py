@@ -41,7 +41,7 @@ from autofusion.codegen.views import strided_view
 from autofusion.graph.graph import Node
 from autofusion.graph.types import DType
 from autofusion.ops.common import ints
-from autofusion.ops.spatial import window
+from autofusion.ops.spatial import Window, window
 
 # Tasks of up to 256 output channels x about 256 output positions (whole output rows), each with its own
 # im2col block, so that tasks need no barrier between them; channel blocks shrink to 64 until there are
@@ -392,7 +392,7 @@ class _Conv:
         inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
         inl.overrides[y] = self._tile_override(ldc, ow, bias, inl)
         prepass = Block()
-        prepass.emit(f"pin[mi * {pb} + q * {ow} + ow] = {inl.value(pool_in, self._y_index(), prepass)};")
+        prepass.emit(f"pinw[mi * {pb} + q * {ow} + ow] = {inl.value(pool_in, self._y_index(), prepass)};")
         # pass 2, per pooled element: the window over pin (and whatever follows the pooling op)
         expected = self._y_index()[:2]
 
@@ -411,6 +411,10 @@ class _Conv:
         for t in outputs:
             body.emit(f"{k.pointer(t)}[{ix.linear(idx, ps)}] = {inl.value(t, idx, body)};")
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
+        chunks = -(-poh // prb)
+        # blocks of pooled rows in stripes, one task each, enough for the threads (a stripe's blocks
+        # carry their shared rows over; only a stripe's first block computes them again)
+        per = -(-chunks // min(chunks, max(1, -(-MIN_TASKS // (n_img * groups * tiles_m)))))
         xs, ws = geo["xs"], geo["ws"]
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
         direct = None
@@ -428,12 +432,21 @@ class _Conv:
             prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
             shared_slab=None,
             tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
-            batch=n_img, tiles_m=tiles_m, tiles_p=-(-poh // prb), mb=mb, pb=pb, c_ptr="tile_t" if packed else "tile",
-            ldc=ldc,
+            batch=n_img, tiles_m=tiles_m, tiles_p=-(-chunks // per), mb=mb, pb=pb, c_ptr="tile_t" if packed else "tile",
+            ldc=ldc, channels_out=geo["m"],
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],
-            pool=dict(rows=prb, out_rows=poh, out_cols=ps[3], stride=stride, pad=pad, reach=reach, body=body.lines),
+            pool=dict(rows=prb, out_rows=poh, out_cols=ps[3], stride=stride, pad=pad, reach=reach, body=body.lines,
+                      chunks=chunks, per=per, separable=self._separable_max(pool, pw_, outputs)),
             **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
+
+    def _separable_max(self, pool: Node, w: Window, outputs: list[str]) -> dict[str, Any] | None:
+        """What the template's separable max-pool pass needs, when it computes the group's one output:
+        a 2-D MaxPool without indices or dilation whose output is the group's only output."""
+        if (pool.op != "MaxPool" or outputs != [pool.outputs[0]] or len(w.kernel) != 2 or any(d != 1 for d in w.dilations)
+                or self.g.types[pool.outputs[0]].dtype != DType.FLOAT32):
+            return None
+        return dict(out=self.k.pointer(pool.outputs[0]), kw=w.kernel[1], sw=w.strides[1], pw=w.pad_begin[1])
 
     def _foldable_batchnorm(self, y: str, bias_t: str) -> Node | None:
         """The BatchNormalization that alone consumes the convolution, with every parameter constant."""
