@@ -272,3 +272,47 @@ def test_an_epilogue_output_of_a_broadcast_shape_is_stored_once_per_element() ->
     graph = b.build([scores, b.op("Cast", mask, to=1), bias])
     model = check(one_group_plan(graph, "gemm_epilogue"))
     assert not model.split and len(model.kernels) == 1
+
+
+def long_row_graphs() -> list[Graph]:
+    """Reductions over rows too long for one block, each with a prologue and an epilogue."""
+    out = reduction_graphs()
+    for op, shift in (("ReduceMax", -2.0), ("ReduceMin", 2.0), ("ReduceMean", 0.0)):
+        b = GraphBuilder(op.lower())
+        x = b.input("x", (3, 7, 40))
+        # every value below zero for the maximum, above it for the minimum: the identity must be infinite
+        t = b.op("Add", b.op("Tanh", x), b.const(np.float32(shift)))
+        r = b.op(op, t, b.const(np.array([0, 2], dtype=np.int64)), keepdims=0)
+        out.append(b.build([b.op("Mul", r, b.const(np.float32(3.0)))]))
+    b = GraphBuilder("logsoftmax_two_outputs")
+    x = b.input("x", (5, 45))
+    s = b.op("LogSoftmax", b.op("Mul", x, b.const(np.float32(0.5))), axis=-1)
+    out.append(b.build([b.op("Exp", s), s]))
+    b = GraphBuilder("layernorm_stats")
+    x = b.input("x", (2, 3, 33))
+    ln = b.op_multi("LayerNormalization", [x, b.const(np.linspace(0.5, 1.5, 33, dtype=np.float32))], 3, axis=-1,
+                    epsilon=1e-5)
+    out.append(b.build(ln))
+    b = GraphBuilder("global_pool")
+    x = b.input("x", (2, 3, 9, 7))
+    out.append(b.build([b.op("Relu", b.op("GlobalAveragePool", b.op("Sigmoid", x)))]))
+    return out
+
+
+@pytest.mark.parametrize("graph", long_row_graphs(), ids=lambda g: g.name)
+def test_rows_longer_than_a_block_loop_over_blocks(graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reduction kind over rows several blocks long, the last block partial (blocks of 4 here;
+    rows over 16K elements in a model): the same results as in one block."""
+    from autofusion.codegen.triton import reduce as red
+
+    monkeypatch.setattr(red, "MAX_BLOCK", 4)
+    monkeypatch.setattr(red, "LOOP_BLOCK", 4)
+    model = check(one_group_plan(graph, "reduction"))
+    assert "for j0 in range(0, " in model.kernels[0].source
+
+
+def test_a_softmax_row_of_20000_elements() -> None:
+    b = GraphBuilder("long_softmax")
+    x = b.input("x", (3, 20000))
+    model = check(one_group_plan(b.build([b.op("Softmax", b.op("Add", x, x), axis=-1)]), "reduction"))
+    assert "in blocks of 4096" in model.kernels[0].source

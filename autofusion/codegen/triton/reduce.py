@@ -4,11 +4,17 @@ GlobalAveragePool and GlobalMaxPool (a mean or max over the spatial axes).
 One program per row (the axes not reduced); one block covers the reduced axes. The reduction's
 input is computed inline (the pointwise prologue), the statistics with ``tl.sum``/``tl.max``, and
 every output that lines up with the row (the epilogue) is computed from them and stored.
+
+A row longer than MAX_BLOCK is walked in blocks of LOOP_BLOCK instead: one loop per statistic that
+depends on the one before (a softmax's maximum, then its sum of exponentials; a layer norm's mean,
+then its variance), each accumulating a block of partial results, and a last loop computing and
+storing the outputs that line up with the row; the prologue is computed again in each loop.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.reductions import _axes_of, is_identity_reduce
@@ -20,7 +26,8 @@ from autofusion.graph.graph import Node
 REDUCE_STATS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min"}
 GLOBAL_POOLS = {"GlobalAveragePool": "mean", "GlobalMaxPool": "max"}  # reductions over the spatial axes
 ROW_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})
-MAX_BLOCK = 1 << 14  # one block per row: longer rows would need a loop over blocks
+MAX_BLOCK = 1 << 14  # one block per row up to this length; longer rows loop over blocks
+LOOP_BLOCK = 1 << 12
 
 
 def find_reduction(ex: Exprs) -> Node | None:
@@ -54,7 +61,7 @@ def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
     length = math.prod(shape[d] for d in axes)
     block = 1 << max(0, (length - 1).bit_length())
     if block > MAX_BLOCK:
-        raise ex.error(f"rows of {length} elements exceed one block ({MAX_BLOCK})", node)
+        return _render_looped(ex, names, node, shape, axes, row_dims, rows, length)
     ex.mask, ex.vector = "mask", {"j", "mask"}
     index_lines: list[str] = []
     x_idx = ["0"] * len(shape)
@@ -132,3 +139,125 @@ def _statistics(ex: Exprs, node: Node, full: Index, length: int) -> list[str]:
         bias = ex.value(node.inputs[2], ix.broadcast(full, shape, ex.graph.type_of(node.inputs[2]).shape))
         y = b(f"{y} + {bias}")
     return [y, mean, rstd]
+
+
+def _aligned(idx: Index, want: Index, out_shape: tuple[int, ...]) -> bool:
+    return all(n == 1 or a == b for a, b, n in zip(idx, want, out_shape))
+
+
+def _render_looped(ex: Exprs, names: NameTable, node: Node, shape: tuple[int, ...], axes: tuple[int, ...],
+                   row_dims: list[int], rows: int, length: int) -> dict[str, object]:
+    """A row too long for one block: loops over its blocks (see the module doc)."""
+    x = node.inputs[0]
+    if not ex.graph.type_of(x).dtype.is_float:
+        raise ex.error("the Triton backend reduces float tensors only", node)
+    ex.mask, ex.vector = "mask", {"j", "mask"}
+    row_lines: list[str] = []
+    j_lines: list[str] = []
+    x_idx = ["0"] * len(shape)
+    for dims, flat in ((row_dims, "row"), (list(axes), "j")):
+        for d, e in zip(dims, ix.delinear(flat, [shape[d] for d in dims])):
+            if not ix.cix.is_int(e):
+                (j_lines if flat == "j" else row_lines).append(f"i{d} = {e}")
+                if flat == "j":
+                    ex.vector.add(f"i{d}")
+                e = f"i{d}"
+            x_idx[d] = e
+    full = tuple(x_idx)
+    keep = tuple("0" if d in axes else e for d, e in enumerate(full))
+    drop = tuple(full[d] for d in row_dims)
+    loops: list[dict[str, list[str]]] = []
+
+    def fresh() -> None:  # values inside a loop are the loop's own: nothing computed elsewhere is reused
+        ex.memo, ex.lines = {}, []
+
+    def accumulate(init: str, step: str, finish: str) -> str:
+        """A loop adding each block of the input (``step`` of acc and {x}) into acc; the scalar ``finish``."""
+        fresh()
+        xv = ex.value(x, full)
+        n = len(loops)
+        body = ex.lines + [f"acc{n} = " + step.format(acc=f"acc{n}", x=xv)]
+        loops.append(dict(before=[f"acc{n} = {init}"], body=body, after=[f"s{n} = " + finish.format(acc=f"acc{n}")]))
+        return f"s{n}"
+
+    zeros, lowest = "tl.zeros([BLOCK], dtype=tl.float32)", "tl.full([BLOCK], float('-inf'), tl.float32)"
+    total = "{acc} + tl.where(mask, {x}, 0.0)"
+    results: list[str | None] = []  # scalars; None: the output lines up with the row, computed per block
+    per_block: dict[int, str] = {}  # output position -> expression of the block, {x} the input
+    if node.op in REDUCE_STATS or node.op in GLOBAL_POOLS:
+        stat = REDUCE_STATS.get(node.op) or GLOBAL_POOLS[node.op]
+        if stat in ("sum", "mean"):
+            sv = accumulate(zeros, total, "tl.sum({acc}, axis=0)")
+            results.append(f"({sv} / {length})" if stat == "mean" else sv)
+        elif stat == "max":
+            results.append(accumulate(lowest, "tl.maximum({acc}, tl.where(mask, {x}, -float('inf')))",
+                                      "tl.max({acc}, axis=0)"))
+        else:
+            results.append(accumulate("tl.full([BLOCK], float('inf'), tl.float32)",
+                                      "tl.minimum({acc}, tl.where(mask, {x}, float('inf')))", "tl.min({acc}, axis=0)"))
+    elif node.op in ("Softmax", "LogSoftmax"):
+        m = accumulate(lowest, "tl.maximum({acc}, tl.where(mask, {x}, -float('inf')))", "tl.max({acc}, axis=0)")
+        sv = accumulate(zeros, "{acc} + tl.where(mask, tl.exp({x} - " + m + "), 0.0)", "tl.sum({acc}, axis=0)")
+        results.append(None)
+        per_block[0] = f"tl.exp({{x}} - {m}) / {sv}" if node.op == "Softmax" else f"{{x}} - {m} - tl.log({sv})"
+    else:  # LayerNormalization: the mean, then the variance about it
+        eps = float(node.attr("epsilon", 1e-5))
+        mean = accumulate(zeros, total, "tl.sum({acc}, axis=0) / " + str(length))
+        var = accumulate(zeros, "{acc} + tl.where(mask, ({x} - " + mean + ") * ({x} - " + mean + "), 0.0)",
+                         "tl.sum({acc}, axis=0) / " + str(length))
+        loops[-1]["after"].append(f"rstd = 1.0 / tl.sqrt({var} + {eps!r})")
+        results += [None, mean, "rstd"]
+        per_block[0] = f"({{x}} - {mean}) * rstd"
+
+    def override_for(pos: int, out_shape: tuple[int, ...], want: Index) -> Callable[[Index], str]:
+        def override(idx: Index) -> str:
+            if not _aligned(idx, want, out_shape):
+                raise ex.error("the reduction is read away from its own row", node)
+            value = results[pos]
+            if value is None:
+                value = ex.bind(per_block[pos].format(x=ex.value(x, full)))
+                if node.op == "LayerNormalization":
+                    value = _affine(ex, node, shape, full, value)
+            return value
+        return override
+
+    for pos, out in enumerate(node.outputs):
+        if out:
+            out_shape = ex.graph.type_of(out).shape
+            want = full if out_shape == shape else keep if len(out_shape) == len(shape) else drop
+            ex.overrides[out] = override_for(pos, out_shape, want)
+    # the outputs that line up with the row: a last loop computes and stores them block by block
+    fresh()
+    stores = []
+    for t in ex.group.outputs:
+        if ex.graph.type_of(t).shape == shape:
+            stores.append(f"tl.store({names(t)} + {ix.linear(full, shape)}, {ex.value(t, full)}, mask=mask)")
+    if stores:
+        loops.append(dict(before=[], body=ex.lines + stores, after=[]))
+    # one value per row: after the loops
+    fresh()
+    stores = []
+    for t in ex.group.outputs:
+        out_shape = ex.graph.type_of(t).shape
+        if out_shape == shape:
+            continue
+        if out_shape == tuple(1 if d in axes else n for d, n in enumerate(shape)):
+            stores.append(f"tl.store({names(t)} + {ix.linear(keep, out_shape)}, {ex.value(t, keep)})")
+        elif out_shape == tuple(shape[d] for d in row_dims):
+            stores.append(f"tl.store({names(t)} + {ix.linear(drop, out_shape)}, {ex.value(t, drop)})")
+        else:
+            raise ex.error(f"output {t!r} {list(out_shape)} does not line up with the rows of {x!r} {list(shape)}")
+    summary = f"{node.op} {node.name} over axes {list(axes)} of {x} {list(shape)}, in blocks of {LOOP_BLOCK}"
+    return dict(template="reduction_loop.py.j2", summary=c_comment_text(summary), rows=rows, length=length,
+                grid=[rows], row_lines=row_lines, j_lines=j_lines, loops=loops, body=ex.lines, stores=stores,
+                meta=[("BLOCK", LOOP_BLOCK)])
+
+
+def _affine(ex: Exprs, node: Node, shape: tuple[int, ...], full: Index, y: str) -> str:
+    """A layer norm's normalised block times its scale, plus its bias."""
+    scale = ex.value(node.inputs[1], ix.broadcast(full, shape, ex.graph.type_of(node.inputs[1]).shape))
+    y = ex.bind(f"{y} * {scale}")
+    if len(node.inputs) > 2 and node.inputs[2]:
+        bias = ex.value(node.inputs[2], ix.broadcast(full, shape, ex.graph.type_of(node.inputs[2]).shape))
+        y = ex.bind(f"{y} + {bias}")
+    return y
