@@ -316,3 +316,35 @@ def test_a_softmax_row_of_20000_elements() -> None:
     x = b.input("x", (3, 20000))
     model = check(one_group_plan(b.build([b.op("Softmax", b.op("Add", x, x), axis=-1)]), "reduction"))
     assert "in blocks of 4096" in model.kernels[0].source
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd_in_a_pointwise_kernel(batch_dims: int) -> None:
+    """GatherND (what torch.export writes for advanced indexing) computed in the kernel, its tuples
+    read from the indices tensor, negative indices from the end, with a pointwise epilogue."""
+    b = GraphBuilder("gather_nd")
+    data = b.input("data", (3, 5, 4, 6))
+    tuples = [[[1, -1], [0, 3]], [[2, 0], [-2, 3]], [[0, 2], [1, 1]]] if batch_dims else [[[2, 4], [-1, 0]], [[0, -3], [1, 2]]]
+    ind = b.const(np.array(tuples, dtype=np.int64))
+    g = b.build([b.op("Relu", b.op("GatherND", data, ind, batch_dims=batch_dims))])
+    model = check(one_group_plan(g, "pointwise"))
+    assert "tl.load(" in model.kernels[0].source and len(model.kernels) == 1
+
+
+def test_shared_dynamo_exports_run_wholly_in_triton() -> None:
+    """The torch.export models' GatherND (bert and gpt2) runs on the device, nothing on the host."""
+    from autofusion.api import optimize
+    from autofusion.frontends import load_onnx
+
+    for name in ("bert_tiny_dynamo", "gpt2_tiny_dynamo"):
+        path = Path(__file__).parent / "data" / "models" / f"{name}.onnx"
+        plan = optimize(load_onnx(path))
+        model = TritonModel(plan)
+        assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
+        feeds = feeds_for(plan.graph)
+        for t in plan.graph.inputs:  # token ids: within the vocabulary
+            if plan.graph.type_of(t).dtype.value == "int64":
+                feeds[t] = np.abs(feeds[t]) % 50
+        got, want = model(feeds), run_graph(plan.graph, feeds)
+        for out, ref in want.items():
+            np.testing.assert_allclose(got[out], ref, rtol=1e-4, atol=1e-5, err_msg=f"{name}: {out}")

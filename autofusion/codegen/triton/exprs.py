@@ -103,6 +103,8 @@ class Exprs:
             return self.value(src, ix.reshape(idx, out_t.shape, self.graph.type_of(src).shape))
         if op == "Gather":
             return self._gather(node, idx)
+        if op == "GatherND":
+            return self._gather_nd(node, idx)
         if op == "Split":  # part pos starts where the parts before it end
             axis = int(node.attr("axis", 0)) % len(idx)
             start = sum(self.graph.type_of(node.outputs[k]).shape[axis] for k in range(pos))
@@ -139,6 +141,19 @@ class Exprs:
         fixed = self.bind(f"tl.where({ind} < 0, {ind} + {dim}, {ind})")
         data_idx = tuple(idx[:axis]) + (fixed,) + tuple(idx[axis + ind_rank:])
         return self.value(node.inputs[0], data_idx)
+
+    def _gather_nd(self, node: Node, idx: Index) -> str:
+        """Data at the tuple of indices the leading output axes pick (after ``batch_dims`` shared axes),
+        each index wrapped from the end and clamped into its axis, as the C backend does."""
+        data_shape = self.graph.type_of(node.inputs[0]).shape
+        ind_shape = self.graph.type_of(node.inputs[1]).shape
+        b, q = int(node.attr("batch_dims", 0)), len(ind_shape) - 1
+        src = list(idx[:b])
+        for j in range(ind_shape[-1]):
+            raw = self.value(node.inputs[1], tuple(idx[:q]) + (str(j),))
+            dim = data_shape[b + j]
+            src.append(self.bind(f"tl.minimum(tl.maximum(tl.where({raw} < 0, {raw} + {dim}, {raw}), 0), {dim - 1})"))
+        return self.value(node.inputs[0], tuple(src) + tuple(idx[q:]))
 
     def _batchnorm(self, node: Node, pos: int, idx: Index) -> str:
         """Inference BatchNormalization: elementwise with the parameters of channel ``idx[1]``."""
