@@ -348,3 +348,44 @@ def test_shared_dynamo_exports_run_wholly_in_triton() -> None:
         got, want = model(feeds), run_graph(plan.graph, feeds)
         for out, ref in want.items():
             np.testing.assert_allclose(got[out], ref, rtol=1e-4, atol=1e-5, err_msg=f"{name}: {out}")
+
+
+def lstm_graph(direction: str, bias: bool, states: bool, outputs: tuple[bool, bool, bool],
+               seq: int = 5, batch: int = 3, size: int = 7, hidden: int = 6, **attrs: object) -> Graph:
+    rng = np.random.default_rng(3)
+    dirs = 2 if direction == "bidirectional" else 1
+    b = GraphBuilder(f"lstm_{direction}")
+    x = b.input("x", (seq, batch, size))
+    w = b.const((rng.standard_normal((dirs, 4 * hidden, size)) * 0.5).astype(np.float32))
+    r = b.const((rng.standard_normal((dirs, 4 * hidden, hidden)) * 0.5).astype(np.float32))
+    inputs = [x, w, r, b.const(rng.standard_normal((dirs, 8 * hidden)).astype(np.float32)) if bias else "", ""]
+    if states:
+        inputs += [b.input("h0", (dirs, batch, hidden)), b.input("c0", (dirs, batch, hidden))]
+    ys = b.op_multi("LSTM", inputs, 3, hidden_size=hidden, direction=direction, **attrs)
+    return b.build([y for y, keep in zip(ys, outputs) if keep])
+
+
+@pytest.mark.parametrize("direction,bias,states,outputs", [
+    ("forward", True, True, (True, True, True)),
+    ("forward", False, False, (True, False, False)),
+    ("reverse", True, False, (False, True, True)),
+    ("bidirectional", True, True, (True, True, True)),
+    ("bidirectional", False, True, (False, False, True)),
+])
+def test_the_lstm_op_is_one_recurrent_kernel(direction: str, bias: bool, states: bool,
+                                             outputs: tuple[bool, bool, bool]) -> None:
+    model = check(one_group_plan(lstm_graph(direction, bias, states, outputs), "opaque"))
+    assert "for s in range(5):" in model.kernels[0].source
+
+
+def test_an_lstm_the_kernel_does_not_render_says_why() -> None:
+    from autofusion.codegen.errors import CodegenError
+
+    g = lstm_graph("forward", True, False, (True, True, True), clip=2.0)
+    with pytest.raises(CodegenError, match="does not render clipping"):
+        TritonModel(one_group_plan(g, "opaque"), fallback=False)
+    model = TritonModel(one_group_plan(g, "opaque"))  # the reference way, and says so
+    assert any("clipping" in why for why in model.fallbacks.values())
+    feeds = feeds_for(g)
+    for name, ref in run_graph(g, feeds).items():
+        np.testing.assert_allclose(model(feeds)[name], ref, rtol=1e-4, atol=1e-5)

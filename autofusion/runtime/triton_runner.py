@@ -63,7 +63,8 @@ def per_op_groups(graph: Graph, group: FusedGroup, registry: OpRegistry) -> list
         node = graph.node_by_name[name]
         inputs = tuple(dict.fromkeys(t for t in node.inputs if t))
         op_class = registry[node.op].op_class
-        template = "opaque" if registry[node.op].core else "reduction" if op_class == "reduction" else "pointwise"
+        template = ("opaque" if registry[node.op].core or op_class == "opaque" else
+                    "reduction" if op_class == "reduction" else "pointwise")
         outputs = [o for o in node.outputs if o and o in wanted] or [o for o in node.outputs if o][:1]
         out += [FusedGroup(f"{group.name}_op{len(out) + i}", (name,), inputs, (t,), template)
                 for i, t in enumerate(outputs)]

@@ -17,6 +17,7 @@ from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.conv import render_conv
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.gemm import render_gemm
+from autofusion.codegen.triton.lstm import render_lstm
 from autofusion.codegen.triton.templates import TritonTemplates
 from autofusion.codegen.triton.text import py_comment, py_ident
 from autofusion.decide.plan import FusedGroup
@@ -84,13 +85,15 @@ def render_gemm_epilogue(ex: Exprs, names: NameTable) -> dict[str, object]:
 
 def render_opaque(ex: Exprs, names: NameTable) -> dict[str, object]:
     """A group of one opaque op: a matrix product or convolution renders as its kernel (no epilogue),
-    any other op (a pooling window, a Gather) as a loop over its output, where Exprs computes it."""
+    an LSTM as its recurrent kernel, any other op (a pooling window, a Gather) as a loop over its output, where Exprs computes it."""
     node = ex.graph.node_by_name[ex.group.nodes[0]]
     core = ex.registry[node.op].core
     if core == "gemm":
         return render_gemm(ex, names)
     if core == "conv":
         return render_conv(ex, names)
+    if node.op == "LSTM":
+        return render_lstm(ex, names)
     return render_loop_nest(ex, names)
 
 

@@ -1,0 +1,81 @@
+"""The ONNX LSTM op as one Triton kernel: one program per direction and batch row, looping over time.
+
+A row's recurrence needs nothing from other rows, so each program keeps its hidden and cell state in
+registers across the steps; each step loads the step's input and computes the four gates (ONNX order
+i, o, f, c) as row-times-matrix sums over the input and recurrent weights, then the cell. Rendered:
+forward, reverse and bidirectional, optional biases and initial states, the default activations
+(sigmoid, tanh, tanh), every output. Anything else (sequence lengths, peepholes, clipping, coupled
+input and forget gates, other activations, batch-first layout, a hidden or input size over
+MAX_SIZE) is a CodegenError and runs the reference way.
+"""
+
+from __future__ import annotations
+
+from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.triton.exprs import Exprs
+from autofusion.graph.graph import Node
+from autofusion.graph.types import DType
+
+MAX_SIZE = 256  # one program holds a gate's [hidden x input] block of weights
+DEFAULT_ACTIVATIONS = ("sigmoid", "tanh", "tanh")
+
+
+def _block(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _unsupported(node: Node) -> str | None:
+    """Why the kernel cannot render ``node``, or None."""
+    extra = {i: node.inputs[i] for i in (4, 7) if len(node.inputs) > i and node.inputs[i]}
+    if 4 in extra:
+        return "sequence lengths"
+    if 7 in extra:
+        return "peepholes"
+    if node.attr("clip") is not None:
+        return "clipping"
+    if int(node.attr("input_forget", 0)):
+        return "coupled input and forget gates"
+    if int(node.attr("layout", 0)):
+        return "the batch-first layout"
+    acts = node.attr("activations")
+    if acts is not None:
+        names = tuple(str(a.decode() if isinstance(a, bytes) else a).lower() for a in acts)
+        if any(names[i:i + 3] != DEFAULT_ACTIVATIONS for i in range(0, len(names), 3)):
+            return f"activations {list(names)}"
+    return None
+
+
+def render_lstm(ex: Exprs, names: NameTable) -> dict[str, object]:
+    node = ex.graph.node_by_name[ex.group.nodes[0]]
+    why = _unsupported(node)
+    if why is not None:
+        raise ex.error(f"the Triton LSTM kernel does not render {why}", node)
+    g = ex.graph
+
+    def inp(i: int) -> str:
+        return node.inputs[i] if len(node.inputs) > i and node.inputs[i] else ""
+
+    if any(inp(i) and g.type_of(inp(i)).dtype != DType.FLOAT32 for i in (0, 1, 2, 3, 5, 6)):
+        raise ex.error("the Triton LSTM kernel takes float32 only", node)
+    steps, batch, size = g.type_of(inp(0)).shape
+    dirs, gates4, hidden_r = g.type_of(inp(2)).shape
+    hidden = gates4 // 4
+    if max(hidden, size) > MAX_SIZE:
+        raise ex.error(f"hidden size {hidden} or input size {size} over {MAX_SIZE}", node)
+    outputs = [o if o and o in ex.group.outputs else "" for o in node.outputs] + [""] * (3 - len(node.outputs))
+    direction = str(node.attr("direction", "forward"))
+    direction = direction.decode() if isinstance(direction, bytes) else direction  # type: ignore[attr-defined]
+    # the step a program takes at iteration s: direction 1 of a bidirectional LSTM runs backwards
+    if direction == "reverse":
+        step = f"{steps - 1} - s"
+    elif direction == "bidirectional":
+        step = f"s + d * ({steps - 1} - 2 * s)"
+    else:
+        step = "s"
+    summary = (f"LSTM {node.name}: {steps} steps, batch {batch}, input {size}, hidden {hidden}, {direction}")
+    return dict(template="lstm.py.j2", summary=c_comment_text(summary), grid=[dirs * batch], steps=steps,
+                batch=batch, size=size, hidden=hidden, dirs=dirs, step=step,
+                x=names(inp(0)), w=names(inp(1)), r=names(inp(2)), b=names(inp(3)) if inp(3) else "",
+                h0=names(inp(5)) if inp(5) else "", c0=names(inp(6)) if inp(6) else "",
+                y=names(outputs[0]) if outputs[0] else "", y_h=names(outputs[1]) if outputs[1] else "",
+                y_c=names(outputs[2]) if outputs[2] else "", meta=[("BH", _block(hidden)), ("BD", _block(size))])
