@@ -69,7 +69,7 @@ def test_every_builtin_kind_is_one_object_read_by_every_stage() -> None:
         assert callable(kind.renderer("c"))
     assert set(c_kinds()) == set(kinds.names())
     assert set(triton_kinds()) == {"pointwise", "reduction", "multi_output", "gemm_epilogue", "horizontal_gemm",
-                                   "conv_epilogue", "opaque"}
+                                   "conv_epilogue", "lstm_scan", "opaque"}
     assert all(str(kinds[k].renderers["triton"]).startswith("autofusion.codegen.triton.") for k in triton_kinds())
     # the editors' vocabulary and the rule checker read the same list (views are no rule's kind)
     assert set(vocabulary_templates()) == set(kinds.names()) - {"view"}

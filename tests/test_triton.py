@@ -14,6 +14,7 @@ import pytest
 
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import py_ident, render_triton_group
+from autofusion.decide.plan import FusedGroup
 from autofusion.graph.graph import Graph
 from autofusion.ir import run_graph
 from autofusion.ir.builder import GraphBuilder
@@ -107,24 +108,57 @@ def test_transformer_plans_run_wholly_in_triton(name: str, kinds: set[str]) -> N
 
 
 def test_a_group_without_one_kernel_runs_one_kernel_per_op() -> None:
-    """The LSTM cell unrolled over time (lstm_scan) has no single Triton kernel: it runs as one
-    Triton kernel per op on the device, none on the host, and matches the reference; with
+    """ResNet's stem (a convolution ending in its max-pool) has no single Triton kernel: it runs as
+    one Triton kernel per op on the device, none on the host, and matches the reference; with
     fallback=False the group is refused instead."""
     from autofusion.api import optimize
     from autofusion.models import build, random_inputs
 
-    plan = optimize(build("lstm-tiny"))
-    scan = next(g for g in plan.groups if g.template == "lstm_scan")
+    plan = optimize(build("resnet-tiny"))
+    stem = next(g for g in plan.groups if any(plan.graph.node_by_name[n].op == "MaxPool" for n in g.nodes))
     model = TritonModel(plan)
-    assert "lstm_scan" in model.split[scan.name]
+    assert stem.name in model.split
     assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
-    assert len(model.kernels) > len(plan.groups)
+    assert len(model.kernels) > len([g for g in plan.groups if g.template != "view"])
     feeds = random_inputs(plan.graph)
     got, want = model(feeds), run_graph(plan.graph, feeds)
     for name, ref in want.items():
         np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
-    with pytest.raises(CodegenError, match="lstm_scan"):
+    with pytest.raises(CodegenError, match=stem.name):
         TritonModel(plan, fallback=False)
+
+
+@pytest.mark.parametrize("name", ["lstm-tiny", "lstm_unrolled_script", "lstm_unrolled_dynamo"])
+def test_an_unrolled_lstm_cell_is_one_kernel(name: str) -> None:
+    """The LSTM cell unrolled over time (lstm_scan; a built-in and two exports) is one Triton kernel,
+    its state in registers across the steps, instead of one kernel per op."""
+    from autofusion.api import optimize
+    from autofusion.frontends import load_onnx
+    from autofusion.models import build, random_inputs
+
+    graph = build(name) if "-" in name else load_onnx(Path(__file__).parent / "data" / "models" / f"{name}.onnx")
+    plan = optimize(graph)
+    model = TritonModel(plan, fallback=False)
+    scan = [k for k in model.kernels if k.group.template == "lstm_scan"]
+    assert len(scan) == 1 and "# step 1" in scan[0].source
+    feeds = random_inputs(plan.graph)
+    got, want = model(feeds), run_graph(plan.graph, feeds)
+    for out, ref in want.items():
+        np.testing.assert_allclose(got[out], ref, rtol=1e-4, atol=1e-5, err_msg=out)
+
+
+def test_an_lstm_cell_whose_gate_is_read_outside_runs_per_op() -> None:
+    """A gate the rest of the model reads cannot stay in registers: the cell kernel says so."""
+    from autofusion.api import optimize
+    from autofusion.models import build
+
+    plan = optimize(build("lstm-tiny"))
+    scan = next(g for g in plan.groups if g.template == "lstm_scan")
+    sigmoid = next(n for n in scan.nodes if plan.graph.node_by_name[n].op == "Sigmoid")
+    gate = plan.graph.node_by_name[sigmoid].outputs[0]
+    leaky = FusedGroup(scan.name, scan.nodes, scan.inputs, scan.outputs + (gate,), scan.template)
+    with pytest.raises(CodegenError, match="read outside the kernel"):
+        render_triton_group(plan.graph, leaky)
 
 
 def test_run_device_keeps_tensors_on_the_device() -> None:

@@ -31,7 +31,7 @@ MAX_BATCH = 256  # each thread's tile of gates, batch x 32 floats, lives on its 
 
 
 @dataclass(frozen=True)
-class _Step:
+class CellStep:
     x: str  # the step's input [batch, D]
     h_in: str
     c_in: str
@@ -60,7 +60,7 @@ def _plain_gemm(g: Graph, node: Node | None) -> bool:
     return g.is_const(node.inputs[1]) and (not bias or (g.is_const(bias) and len(g.types[bias].shape) == 1))
 
 
-def _step(g: Graph, split: Node, members: set[str]) -> tuple[str, str, _Step] | None:
+def _step(g: Graph, split: Node, members: set[str]) -> tuple[str, str, CellStep] | None:
     """The cell around ``split``: (one Gemm's A, the other's, the step) with h_in/gemm_h undecided."""
     outs = list(split.outputs)
     axis = int(split.attr("axis", 0))
@@ -101,10 +101,10 @@ def _step(g: Graph, split: Node, members: set[str]) -> tuple[str, str, _Step] | 
                       if n is not None)
     a, b = gemms
     assert a is not None and b is not None
-    return a.inputs[0], b.inputs[0], _Step("", "", c_in, h_mul.outputs[0], c_out, a, b, nodes)
+    return a.inputs[0], b.inputs[0], CellStep("", "", c_in, h_mul.outputs[0], c_out, a, b, nodes)
 
 
-def _chain(g: Graph, nodes: list[Node]) -> list[_Step] | None:
+def _chain(g: Graph, nodes: list[Node]) -> list[CellStep] | None:
     """Every step of the group in order, each reading the h and c the step before produced."""
     members = {n.name for n in nodes}
     found = []
@@ -115,7 +115,7 @@ def _chain(g: Graph, nodes: list[Node]) -> list[_Step] | None:
         found.append(cell)
     if len(found) < 2:
         return None
-    steps: list[_Step] = []
+    steps: list[CellStep] = []
     for i, (a, b, s) in enumerate(found):
         if i + 1 < len(found):  # h is what the next step's product reads from this step
             nxt_a, nxt_b, _ = found[i + 1]
@@ -136,20 +136,20 @@ def _chain(g: Graph, nodes: list[Node]) -> list[_Step] | None:
             return None
         gather = g.producers.get(x)
         step_nodes = s.nodes | ({gather.name} if gather is not None and gather.name in members else set())
-        steps.append(_Step(x, h_in, s.c_in, s.h_out, s.c_out, gemm_x, gemm_h, frozenset(step_nodes)))
+        steps.append(CellStep(x, h_in, s.c_in, s.h_out, s.c_out, gemm_x, gemm_h, frozenset(step_nodes)))
     if sum(len(step.nodes) for step in steps) != len(nodes):
         return None
     return steps
 
 
-def _step_input(k: KernelContext, s: _Step, members: set[str]) -> tuple[str, int] | None:
-    """Where step ``s`` reads row b of its input: (pointer to row 0, elements from one row to the
-    next). A Gather of the step's slice of a model input inside the group is an offset into that input."""
-    g = k.graph
+def step_input(g: Graph, s: CellStep, members: set[str]) -> tuple[str, int, int] | None:
+    """Where step ``s`` reads row b of its input: (tensor, offset of row 0, elements from one row to
+    the next). A Gather of the step's slice of a model input inside the group is an offset into that
+    input."""
     batch, d = g.types[s.x].shape
     node = g.producers.get(s.x)
     if node is None or node.name not in members:
-        return k.pointer(s.x), d
+        return s.x, 0, d
     if node.op != "Gather" or len(node.inputs) != 2:
         return None
     data = g.types[node.inputs[0]].shape
@@ -162,11 +162,11 @@ def _step_input(k: KernelContext, s: _Step, members: set[str]) -> tuple[str, int
     if not 0 <= t < data[axis]:
         return None
     if axis == 0:  # [T, B, D]: step t's rows are contiguous
-        return f"({k.pointer(node.inputs[0])} + {t * data[1] * data[2]})", data[2]
-    return f"({k.pointer(node.inputs[0])} + {t * data[2]})", data[1] * data[2]  # [B, T, D]
+        return node.inputs[0], t * data[1] * data[2], data[2]
+    return node.inputs[0], t * data[2], data[1] * data[2]  # [B, T, D]
 
 
-def _same_weights(g: Graph, steps: list[_Step]) -> bool:
+def _same_weights(g: Graph, steps: list[CellStep]) -> bool:
     def key(node: Node) -> tuple[str, ...]:
         return tuple(node.inputs[1:3])
 
@@ -174,11 +174,17 @@ def _same_weights(g: Graph, steps: list[_Step]) -> bool:
     return all(key(s.gemm_x) == key(first.gemm_x) and key(s.gemm_h) == key(first.gemm_h) for s in steps)
 
 
+def cell_steps(g: Graph, nodes: list[Node]) -> list[CellStep] | None:
+    """The steps of an unrolled LSTM cell with one pair of weights, in order; None for anything else."""
+    steps = _chain(g, nodes)
+    return steps if steps is not None and _same_weights(g, steps) else None
+
+
 def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
     """The kernel body, or None when the group is not exactly an unrolled LSTM cell (see the module doc)."""
     g = k.graph
-    steps = _chain(g, nodes)
-    if steps is None or not _same_weights(g, steps):
+    steps = cell_steps(g, nodes)
+    if steps is None:
         return None
     first = steps[0]
     batch, d = g.types[first.x].shape
@@ -190,8 +196,10 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
     if w_x.shape != (4 * hidden, d) or w_h.shape != (4 * hidden, hidden):
         return None
     members = {n.name for n in nodes}
-    inputs = [_step_input(k, s, members) for s in steps]
-    if any(i is None for i in inputs):
+    sources = [step_input(g, s, members) for s in steps]
+    inputs = [(f"({k.pointer(src[0])} + {src[1]})" if src[1] else k.pointer(src[0]), src[2])
+              for src in sources if src is not None]
+    if len(inputs) != len(steps):
         return None
     tensors = [t for s in steps for t in (s.x, s.h_in, s.c_in, s.h_out, s.c_out)]
     if any(g.types[t].dtype != DType.FLOAT32 for t in tensors):

@@ -150,7 +150,7 @@ BUILTIN_KINDS: tuple[KernelKind, ...] = (
     _kind("multi_output", "a branch: several pointwise or reduction consumers of one tensor, several outputs",
           _multi_output, "#fff3b0", "render_loop_nest", "render_loop_nest"),
     _kind("lstm_scan", "a recurrent cell repeated over time steps, the time loop inside the kernel",
-          _lstm_scan, "#c9f0ec", "render_loop_scan"),
+          _lstm_scan, "#c9f0ec", "render_loop_scan", "autofusion.codegen.triton.lstm:render_lstm_scan"),
     _kind("opaque", "a single opaque op in a kernel of its own", _opaque, "#eeeeee", "render_core", "render_opaque"),
     _kind("view", "views only: no kernel, the outputs alias the input's buffer", _view, "#f7f7f7", "render_view"),
 )
