@@ -107,10 +107,10 @@ def test_transformer_plans_run_wholly_in_triton(name: str, kinds: set[str]) -> N
         np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_a_group_without_one_kernel_runs_one_kernel_per_op() -> None:
+def test_a_convolution_ending_in_its_pooling_op_runs_as_two_kernels() -> None:
     """ResNet's stem (a convolution ending in its max-pool) has no single Triton kernel: it runs as
-    one Triton kernel per op on the device, none on the host, and matches the reference; with
-    fallback=False the group is refused instead."""
+    the convolution with its epilogue and then the pooling op, on the device, none on the host, and
+    matches the reference; with fallback=False the group is refused instead."""
     from autofusion.api import optimize
     from autofusion.models import build, random_inputs
 
@@ -119,7 +119,9 @@ def test_a_group_without_one_kernel_runs_one_kernel_per_op() -> None:
     model = TritonModel(plan)
     assert stem.name in model.split
     assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
-    assert len(model.kernels) > len([g for g in plan.groups if g.template != "view"])
+    assert [k.group.name for k in model.kernels if k.group.name.startswith(stem.name)] == [
+        f"{stem.name}_conv", f"{stem.name}_pool"]
+    assert len(model.kernels) == len([g for g in plan.groups if g.template != "view"]) + 1
     feeds = random_inputs(plan.graph)
     got, want = model(feeds), run_graph(plan.graph, feeds)
     for name, ref in want.items():
@@ -423,3 +425,21 @@ def test_an_lstm_the_kernel_does_not_render_says_why() -> None:
     feeds = feeds_for(g)
     for name, ref in run_graph(g, feeds).items():
         np.testing.assert_allclose(model(feeds)[name], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_pooled_group_with_ops_after_the_pool_splits_at_the_pool() -> None:
+    """Conv -> Relu -> MaxPool -> Mul, the Relu an output too: the first kernel stores the Relu (an
+    output, and what the pool reads), the second pools it and multiplies."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("pooled")
+    x = b.input("x", (2, 3, 11, 9))
+    r = b.op("Relu", b.op("Conv", x, b.const(rng.standard_normal((8, 3, 3, 3)).astype(np.float32)),
+                          b.const(rng.standard_normal(8).astype(np.float32)), pads=(1, 1, 1, 1)))
+    pooled = b.op("MaxPool", r, kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    g = b.build([b.op("Mul", pooled, b.const(np.float32(0.5))), r])
+    plan = one_group_plan(g, "conv_epilogue")
+    model = TritonModel(plan)
+    assert [k.group.template for k in model.kernels] == ["conv_epilogue", "opaque"]
+    feeds = feeds_for(g)
+    for name, ref in run_graph(g, feeds).items():
+        np.testing.assert_allclose(model(feeds)[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -1,8 +1,9 @@
 """Runs a fusion plan with Triton: each group as one generated Triton kernel where it renders.
 
-A group the Triton backend cannot render as one kernel (an LSTM cell unrolled over time, a
-convolution with a pooling epilogue) runs as one Triton kernel per op, on the device; only ops
-without any Triton kernel run with the op registry's reference implementations (the same numpy
+A group the Triton backend cannot render as one kernel runs as several, on the device: a convolution
+with a pooling epilogue as the convolution with its epilogue and then the pooling op, any other group
+as one Triton kernel per op; only ops without any Triton kernel run with the op registry's reference
+implementations (the same numpy
 code as :func:`autofusion.ir.run_graph`, on the host). With ``fallback=False`` the first group
 that is not one kernel is refused with its CodegenError instead.
 Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on the CPU.
@@ -71,6 +72,33 @@ def per_op_groups(graph: Graph, group: FusedGroup, registry: OpRegistry) -> list
     return out
 
 
+def pooling_split(graph: Graph, group: FusedGroup, registry: OpRegistry) -> list[FusedGroup] | None:
+    """A convolution group ending in a pooling op as two groups, the convolution with its epilogue and
+    the pooling op with whatever follows it; None for any other group."""
+    pools = [n for n in group.nodes if registry[graph.node_by_name[n].op].pooling]
+    cores = [n for n in group.nodes if registry[graph.node_by_name[n].op].core == "conv"]
+    if len(pools) != 1 or len(cores) != 1:
+        return None
+    after = {pools[0]}
+    for name in group.nodes:  # in order: a node reading what the pooling op or a later node computes
+        node = graph.node_by_name[name]
+        if any(graph.producers.get(t) is not None and graph.producers[t].name in after for t in node.inputs if t):
+            after.add(name)
+    if cores[0] in after:
+        return None
+    head = tuple(n for n in group.nodes if n not in after)
+    tail = tuple(n for n in group.nodes if n in after)
+    made_by_head = {o for n in head for o in graph.node_by_name[n].outputs if o}
+    read_by_tail = {t for n in tail for t in graph.node_by_name[n].inputs if t}
+    head_out = tuple(t for t in dict.fromkeys([*group.outputs, *sorted(read_by_tail)]) if t in made_by_head)
+    tail_in = tuple(dict.fromkeys(t for n in tail for t in graph.node_by_name[n].inputs
+                                  if t and t not in {o for m in tail for o in graph.node_by_name[m].outputs}))
+    tail_out = tuple(t for t in group.outputs if t not in made_by_head)
+    head_in = tuple(t for t in group.inputs if any(t in graph.node_by_name[n].inputs for n in head))
+    return [FusedGroup(f"{group.name}_conv", head, head_in, head_out, "conv_epilogue"),
+            FusedGroup(f"{group.name}_pool", tail, tail_in, tail_out, "opaque")]
+
+
 class TritonModel:
     """A plan compiled to Triton kernels; call it with numpy feeds to get numpy outputs."""
 
@@ -97,7 +125,7 @@ class TritonModel:
                 if not fallback:
                     raise
                 split[group.name] = str(e)
-                steps += self._per_op_steps(group)
+                steps += self._split_steps(group)
         self.steps = tuple(steps)
         self.split = MappingProxyType(split)  # groups run as one kernel per op, with the reason
         # weights go to the device once, not on every call
@@ -106,6 +134,16 @@ class TritonModel:
     def _step(self, group: FusedGroup) -> _Step:
         kernel = render_triton_group(self.plan.graph, group, registry=self.registry, kinds=self.plan.kinds)
         return _Step(group, kernel, self._load(kernel).launch)
+
+    def _split_steps(self, group: FusedGroup) -> list[_Step]:
+        """A convolution and its pooling op as two kernels where both render, else one kernel per op."""
+        parts = pooling_split(self.plan.graph, group, self.registry)
+        if parts is not None:
+            try:
+                return [self._step(part) for part in parts]
+            except CodegenError:
+                pass
+        return self._per_op_steps(group)
 
     def _per_op_steps(self, group: FusedGroup) -> list[_Step]:
         """One kernel per op (and output); an op with no Triton kernel runs once, on the host."""
