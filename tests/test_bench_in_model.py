@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autofusion.bench.in_model import combine, ort_node_key, ort_node_times, our_cores, spec_key
+from autofusion.bench.in_model import OnnxRuntimeFailed, combine, ort_node_key, ort_node_times, our_cores, spec_key
 from autofusion.cli.main import main
 from autofusion.codegen.cores import CoreChoice, CoreSpec
 
@@ -81,6 +81,8 @@ def test_onnxruntime_runs_not_timed_are_left_out() -> None:
     assert ort_node_times(events) == {"mm": ("MatMul", ("gemm", 8, 32, 64), pytest.approx(0.025))}
     assert ort_node_times(events, [False, True, True])["mm"] == ("MatMul", ("gemm", 8, 32, 64), pytest.approx(0.02))
     assert ort_node_times(events, [False, False, True])["mm"][2] == pytest.approx(0.03)
+    with pytest.raises(OnnxRuntimeFailed, match="holds 3 runs of the 4 made"):  # runs it did not record
+        ort_node_times(events, [False, True, True, True])
 
 
 def test_bench_cores_in_model_matches_every_core_of_a_model(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,3 +120,18 @@ def test_a_product_onnxruntime_runs_in_parts_is_matched_to_them() -> None:
     cores, rest = our_cores([_kernel("k0", qkv), _kernel("k1", out), _kernel("k2", qkv), _kernel("k3", out)],
                             {"k0": 3.0, "k1": 1.5, "k2": 3.0, "k3": 1.5}, lambda c: c.impl)
     assert combine(cores, rest, few).cores[0].ratio() is None
+
+
+def test_a_model_onnxruntime_cannot_run_is_a_clear_error(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    ort = pytest.importorskip("onnxruntime")
+
+    class Refusing:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : no kernel for op X")
+
+    monkeypatch.setattr(ort, "InferenceSession", Refusing)
+    code = main(["bench-cores", "resnet-tiny", "--in-model", "--repeat", "1", "--rounds", "1", "--no-tune"])
+    err = capsys.readouterr().err
+    assert code == 2 and "onnxruntime could not run the model" in err and "NOT_IMPLEMENTED" in err
+    assert "Traceback" not in err and "internal error" not in err

@@ -36,6 +36,10 @@ CoreKey = tuple[str, int, int, int]  # (kind, rows of all calls, columns of all 
 GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "FusedGemm"})
 
 
+class OnnxRuntimeFailed(RuntimeError):
+    """onnxruntime could not load or run the model, with its own message."""
+
+
 def spec_key(spec: CoreSpec) -> CoreKey:
     """A core's key: a convolution's calls are images x groups, its n the channels of one group."""
     if spec.kind == "conv":
@@ -138,6 +142,9 @@ def ort_node_times(events: Sequence[Mapping[str, Any]], timed: Sequence[bool] | 
     """Per node of an onnxruntime profile: (op, core key, median ms) over the runs ``timed`` marks
     (run i is the i-th ``model_run`` event; all runs without ``timed``)."""
     starts = sorted(float(e["ts"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    if timed is not None and len(starts) != len(timed):  # the profile stopped recording (it caps its events)
+        raise OnnxRuntimeFailed(f"onnxruntime's profile holds {len(starts)} runs of the {len(timed)} made: "
+                                "fewer rounds or runs (--rounds, --repeat)")
     per_node: dict[str, list[float]] = {}
     meta: dict[str, tuple[str, CoreKey | None]] = {}
     for e in events:
@@ -243,10 +250,15 @@ def measure_in_model(plan: Any, onnx_bytes: bytes, feeds: Mapping[str, np.ndarra
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "ort")
         opts.log_severity_level = 3
-        session = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
-        ort_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
-        samples: dict[str, list[float]] = {}
         timed: list[bool] = []  # per onnxruntime run, in order: whether it is one of the timed runs
+        try:
+            session = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
+            ort_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+            session.run(None, ort_feeds)
+            timed.append(False)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own errors name the node; passed on as they are
+            raise OnnxRuntimeFailed(f"onnxruntime could not run the model: {type(e).__name__}: {str(e)[:500]}") from e
+        samples: dict[str, list[float]] = {}
 
         def ours() -> None:
             for group, seconds in model.step_samples(feeds, runs).items():

@@ -95,7 +95,7 @@ def _print(out: Output, data: dict[str, Any]) -> None:
 
 def _run_in_model(args: argparse.Namespace, loaded: Any, plan: Any) -> int:
     from autofusion.bench.environment import load_average, machine_info
-    from autofusion.bench.in_model import measure_in_model
+    from autofusion.bench.in_model import OnnxRuntimeFailed, measure_in_model
     from autofusion.bench.runners import BenchSetup
     from autofusion.models import random_inputs
 
@@ -105,9 +105,12 @@ def _run_in_model(args: argparse.Namespace, loaded: Any, plan: Any) -> int:
         raise CliError("--in-model compares with onnxruntime: pip install onnxruntime") from None
     setup = BenchSetup(loaded.graph, plan, random_inputs(loaded.graph, seed=args.seed), args.threads)
     before = load_average()
-    with tune_progress() as progress:
-        result = measure_in_model(plan, setup.onnx_bytes, setup.feeds, args.threads, args.repeat, args.rounds,
-                                  tune=tune_wanted(args), progress=progress)
+    try:
+        with tune_progress() as progress:
+            result = measure_in_model(plan, setup.onnx_bytes, setup.feeds, args.threads, args.repeat, args.rounds,
+                                      tune=tune_wanted(args), progress=progress)
+    except OnnxRuntimeFailed as e:
+        raise CliError(f"{loaded.source}: {e}") from None
     data = {"model": loaded.source, "threads": args.threads, "repeat": args.repeat, "rounds": args.rounds,
             "tuned": tune_wanted(args), "machine": machine_info(), "load_average_before": before,
             "load_average_after": load_average(), **result.to_json()}
