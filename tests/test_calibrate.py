@@ -140,6 +140,7 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     assert len(cal.profile.op_seconds) >= 10  # the per-op costs were timed
     assert report["model_cases"] == ["lstm-tiny"] and report["model_kernels"] > 0
     assert [r["plan"] for r in report["analytic"]["plans"]] == ["unfused", "engine", "small"]
+    assert isinstance(report["analytic"]["model_pairs_misordered"], list)
 
     code = main(["calibrate", "--show", str(out), "--report"])
     text = capsys.readouterr().out
@@ -196,3 +197,28 @@ def test_too_small_a_budget_is_a_clear_error(tmp_path: Path, capsys: pytest.Capt
     err = capsys.readouterr().err
     assert code == 2 and "need at least" in err and "--budget" in err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_the_clear_pairs_a_model_orders_wrong_are_listed_widest_first() -> None:
+    from autofusion.calibrate.models import RegionPair
+    from autofusion.calibrate.run import misordered_pairs
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("pair")
+    x = b.input("x", (4, 4))
+    g = b.build([b.op("Relu", b.op("Add", x, x))])
+    add, relu = (n.name for n in g.nodes)
+
+    def pair(fused_s: float, split_s: float) -> RegionPair:
+        return RegionPair("bert", g, (add, relu), ((add,), (relu,)), (fused_s, split_s))
+
+    pairs = [pair(2.0, 1.0), pair(1.0, 1.5), pair(1.0, 1.05), pair(3.0, 1.0)]
+    predicted = [(0.5, 1.0),  # fused predicted faster, measured 2x slower: wrong
+                 (0.5, 1.0),  # right
+                 (2.0, 1.0),  # wrong, but 5 % apart: not a clear pair
+                 (0.9, 1.0)]  # wrong, 3x: the widest
+    wrong = misordered_pairs(pairs, predicted)
+    assert [w["measured_ratio"] for w in wrong] == [3.0, 2.0]
+    assert wrong[0]["fused_ops"] == "Add -> Relu" and wrong[0]["parts"] == 2 and wrong[0]["family"] == "bert"
+    assert wrong[1]["measured_ms"] == [2000.0, 1000.0] and wrong[1]["predicted_ms"] == [500.0, 1000.0]
+    assert misordered_pairs(pairs, predicted, limit=1) == wrong[:1]

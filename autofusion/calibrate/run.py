@@ -22,7 +22,7 @@ import numpy as np
 
 from autofusion.calibrate.fit import accuracy, fit_profile, pair_agreement
 from autofusion.calibrate.measure import Timer, TimingOptions, plan_of
-from autofusion.calibrate.models import DEFAULT_CASES, PlanSample, measure_case, region_pairs
+from autofusion.calibrate.models import DEFAULT_CASES, PlanSample, RegionPair, measure_case, region_pairs
 from autofusion.calibrate.opcosts import measure_op_seconds
 from autofusion.calibrate.specs import alternatives, random_feeds, random_kernel
 from autofusion.codegen.cores import cache_levels
@@ -41,6 +41,7 @@ OP_COST_SHARE = 0.1  # per-op costs are timed only if the call overhead took les
 MIN_KERNELS = 8
 CLEAR_RATIO = 1.25  # plans whose measured times differ by this much: a decision that matters
 MODEL_CLEAR_RATIO = 1.10  # the same for the pairs of plans of one region of a real model
+MISORDERED_LISTED = 20  # clear pairs a model orders wrong, kept in the report
 RENDER_ERRORS = (CodegenError, CompileError)  # a group the backend cannot build is skipped
 
 Progress = Callable[[str, int, int], None]  # (what is being timed, done, total)
@@ -286,7 +287,24 @@ def model_scores(plans: Sequence[PlanSample], model: CostModel,
     clear_held, _ = pair_agreement(predicted(held_out.__getitem__), measured, MODEL_CLEAR_RATIO)
     return {"plans": rows, "model_pairs": n_all, "model_pair_agreement": everything,
             "model_pairs_clear": n_clear, "model_pair_agreement_clear": clear,
-            "model_pair_agreement_clear_held_out": clear_held}
+            "model_pair_agreement_clear_held_out": clear_held,
+            "model_pairs_misordered": misordered_pairs(pairs, own)}
+
+
+def misordered_pairs(pairs: Sequence[RegionPair], predicted: Sequence[tuple[float, float]],
+                     limit: int = MISORDERED_LISTED) -> list[dict[str, object]]:
+    """The clear pairs the prediction orders unlike the measurement, the widest measured gap first:
+    where a cost model goes wrong, for whoever improves it (or the code the kernels are made of)."""
+    wrong: list[tuple[float, dict[str, object]]] = []
+    for r, (fused, split) in zip(pairs, predicted):
+        slow, fast = max(r.seconds), min(r.seconds)
+        if slow < MODEL_CLEAR_RATIO * fast or (fused < split) == (r.seconds[0] < r.seconds[1]):
+            continue
+        ops = " -> ".join(r.graph.node_by_name[n].op for n in r.fused)
+        wrong.append((slow / fast, {"family": r.family, "fused_ops": ops, "parts": len(r.split),
+                                    "measured_ms": [r.seconds[0] * 1e3, r.seconds[1] * 1e3],
+                                    "predicted_ms": [fused * 1e3, split * 1e3], "measured_ratio": slow / fast}))
+    return [w for _, w in sorted(wrong, key=lambda item: -item[0])][:limit]
 
 
 def _choose(report: dict[str, object]) -> str:

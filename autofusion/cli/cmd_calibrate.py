@@ -301,3 +301,15 @@ def _print_models(out: Output, report: dict[str, Any]) -> None:
               [(kind, report[kind]["model_pairs"], round(report[kind]["model_pair_agreement"], 3),
                 report[kind]["model_pairs_clear"], round(report[kind]["model_pair_agreement_clear"], 3),
                 round(report[kind]["model_pair_agreement_clear_held_out"], 3)) for kind in kinds])
+    for kind in kinds:
+        wrong = report[kind].get("model_pairs_misordered") or []
+        if wrong:
+            out.table(f"clear pairs {kind} orders wrong, widest measured gap first (fused group against its parts)",
+                      ("model", "fused group", "parts", "measured ms fused / parts", "predicted ms fused / parts"),
+                      [(w["family"], _short(w["fused_ops"]), w["parts"],
+                        " / ".join(f"{v:.3f}" for v in w["measured_ms"]),
+                        " / ".join(f"{v:.3f}" for v in w["predicted_ms"])) for w in wrong])
+
+
+def _short(ops: str, width: int = 60) -> str:
+    return ops if len(ops) <= width else ops[: width - 3] + "..."
