@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.reductions import _axes_of, is_identity_reduce
@@ -62,52 +63,78 @@ def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
     block = 1 << max(0, (length - 1).bit_length())
     if block > MAX_BLOCK:
         return _render_looped(ex, names, node, shape, axes, row_dims, rows, length)
-    ex.mask, ex.vector = "mask", {"j", "mask"}
-    index_lines: list[str] = []
-    x_idx = ["0"] * len(shape)
-    for dims, flat in ((row_dims, "row"), (list(axes), "j")):
-        for d, e in zip(dims, ix.delinear(flat, [shape[d] for d in dims])):
-            if not ix.cix.is_int(e):
-                index_lines.append(f"i{d} = {e}")
-                if flat == "j":
-                    ex.vector.add(f"i{d}")
-                e = f"i{d}"
-            x_idx[d] = e
-    full = tuple(x_idx)
-    keep = tuple("0" if d in axes else e for d, e in enumerate(full))
-    drop = tuple(full[d] for d in row_dims)
-    results = _statistics(ex, node, full, length)
-
-    def aligned(idx: Index, want: Index, out_shape: tuple[int, ...]) -> bool:
-        return all(n == 1 or a == b for a, b, n in zip(idx, want, out_shape))
-
+    idx = _rows(ex, shape, axes, row_dims)
+    results = _statistics(ex, node, idx.full, length)
     for pos, out in enumerate(node.outputs):
         if not out:
             continue
         out_shape = ex.graph.type_of(out).shape
-        want = full if out_shape == shape else keep if len(out_shape) == len(shape) else drop
+        want = idx.want(out_shape)
 
-        def override(idx: Index, want: Index = want, out_shape: tuple[int, ...] = out_shape,
+        def override(at: Index, want: Index = want, out_shape: tuple[int, ...] = out_shape,
                      value: str = results[pos]) -> str:
-            if not aligned(idx, want, out_shape):
+            if not _aligned(at, want, out_shape):
                 raise ex.error("the reduction is read away from its own row", node)
             return value
         ex.overrides[out] = override
     stores = []
     for t in ex.group.outputs:
-        out_shape = ex.graph.type_of(t).shape
-        if out_shape == shape:
+        if ex.graph.type_of(t).shape == shape:
             lane = " + 0 * j" if length == 1 else ""  # rows of one element: the index has no j, the mask has
-            stores.append(f"tl.store({names(t)} + {ix.linear(full, shape)}{lane}, {ex.value(t, full)}, mask=mask)")
-        elif out_shape == tuple(1 if d in axes else n for d, n in enumerate(shape)):
-            stores.append(f"tl.store({names(t)} + {ix.linear(keep, out_shape)}, {ex.value(t, keep)})")
-        elif out_shape == tuple(shape[d] for d in row_dims):
-            stores.append(f"tl.store({names(t)} + {ix.linear(drop, out_shape)}, {ex.value(t, drop)})")
+            stores.append(f"tl.store({names(t)} + {ix.linear(idx.full, shape)}{lane}, {ex.value(t, idx.full)}, "
+                          "mask=mask)")
         else:
-            raise ex.error(f"output {t!r} {list(out_shape)} does not line up with the rows of {x!r} {list(shape)}")
+            stores.append(idx.reduced_store(ex, names, t, x))
     summary = f"{node.op} {node.name} over axes {list(axes)} of {x} {list(shape)}"
     return dict(template="reduction.py.j2", summary=c_comment_text(summary), rows=rows, length=length,
-                grid=[rows], index_lines=index_lines, body=ex.lines, stores=stores, meta=[("BLOCK", block)])
+                grid=[rows], index_lines=idx.row_lines + idx.j_lines, body=ex.lines, stores=stores,
+                meta=[("BLOCK", block)])
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A reduction's indices: the axes kept (one row per program, ``row``) and the reduced ones (the
+    lanes of a block, ``j``), with the lines that name each axis's index."""
+
+    shape: tuple[int, ...]
+    axes: tuple[int, ...]
+    row_dims: list[int]
+    full: Index  # an element of the input
+    keep: Index  # its row's element of a reduced output that keeps the reduced axes as 1
+    drop: Index  # ... of one that drops them
+    row_lines: list[str]
+    j_lines: list[str]
+
+    def want(self, out_shape: tuple[int, ...]) -> Index:
+        """Where an output of ``out_shape`` holds the row's value(s)."""
+        return self.full if out_shape == self.shape else self.keep if len(out_shape) == len(self.shape) else self.drop
+
+    def reduced_store(self, ex: Exprs, names: NameTable, t: str, x: str) -> str:
+        """The store of output ``t``, one value per row; a CodegenError if it does not line up."""
+        out_shape = ex.graph.type_of(t).shape
+        if out_shape == tuple(1 if d in self.axes else n for d, n in enumerate(self.shape)):
+            return f"tl.store({names(t)} + {ix.linear(self.keep, out_shape)}, {ex.value(t, self.keep)})"
+        if out_shape == tuple(self.shape[d] for d in self.row_dims):
+            return f"tl.store({names(t)} + {ix.linear(self.drop, out_shape)}, {ex.value(t, self.drop)})"
+        raise ex.error(f"output {t!r} {list(out_shape)} does not line up with the rows of {x!r} {list(self.shape)}")
+
+
+def _rows(ex: Exprs, shape: tuple[int, ...], axes: tuple[int, ...], row_dims: list[int]) -> _Rows:
+    """The indices of a row and its block; the block's names become vectors (masked by ``mask``)."""
+    ex.mask, ex.vector = "mask", {"j", "mask"}
+    lines: dict[str, list[str]] = {"row": [], "j": []}
+    x_idx = ["0"] * len(shape)
+    for dims, flat in ((row_dims, "row"), (list(axes), "j")):
+        for d, e in zip(dims, ix.delinear(flat, [shape[d] for d in dims])):
+            if not ix.cix.is_int(e):
+                lines[flat].append(f"i{d} = {e}")
+                if flat == "j":
+                    ex.vector.add(f"i{d}")
+                e = f"i{d}"
+            x_idx[d] = e
+    full = tuple(x_idx)
+    return _Rows(shape, axes, row_dims, full, tuple("0" if d in axes else e for d, e in enumerate(full)),
+                 tuple(full[d] for d in row_dims), lines["row"], lines["j"])
 
 
 def _statistics(ex: Exprs, node: Node, full: Index, length: int) -> list[str]:
@@ -133,12 +160,7 @@ def _statistics(ex: Exprs, node: Node, full: Index, length: int) -> list[str]:
     mean = b(f"tl.sum(tl.where(mask, {xv}, 0.0), axis=0) / {length}")
     cen = b(f"tl.where(mask, {xv} - {mean}, 0.0)")
     rstd = b(f"1.0 / tl.sqrt(tl.sum({cen} * {cen}, axis=0) / {length} + {eps!r})")
-    scale = ex.value(node.inputs[1], ix.broadcast(full, shape, ex.graph.type_of(node.inputs[1]).shape))
-    y = b(f"{cen} * {rstd} * {scale}")
-    if len(node.inputs) > 2 and node.inputs[2]:
-        bias = ex.value(node.inputs[2], ix.broadcast(full, shape, ex.graph.type_of(node.inputs[2]).shape))
-        y = b(f"{y} + {bias}")
-    return [y, mean, rstd]
+    return [_affine(ex, node, shape, full, f"{cen} * {rstd}"), mean, rstd]
 
 
 def _aligned(idx: Index, want: Index, out_shape: tuple[int, ...]) -> bool:
@@ -151,21 +173,8 @@ def _render_looped(ex: Exprs, names: NameTable, node: Node, shape: tuple[int, ..
     x = node.inputs[0]
     if not ex.graph.type_of(x).dtype.is_float:
         raise ex.error("the Triton backend reduces float tensors only", node)
-    ex.mask, ex.vector = "mask", {"j", "mask"}
-    row_lines: list[str] = []
-    j_lines: list[str] = []
-    x_idx = ["0"] * len(shape)
-    for dims, flat in ((row_dims, "row"), (list(axes), "j")):
-        for d, e in zip(dims, ix.delinear(flat, [shape[d] for d in dims])):
-            if not ix.cix.is_int(e):
-                (j_lines if flat == "j" else row_lines).append(f"i{d} = {e}")
-                if flat == "j":
-                    ex.vector.add(f"i{d}")
-                e = f"i{d}"
-            x_idx[d] = e
-    full = tuple(x_idx)
-    keep = tuple("0" if d in axes else e for d, e in enumerate(full))
-    drop = tuple(full[d] for d in row_dims)
+    idx = _rows(ex, shape, axes, row_dims)
+    full = idx.full
     loops: list[dict[str, list[str]]] = []
 
     def fresh() -> None:  # values inside a loop are the loop's own: nothing computed elsewhere is reused
@@ -224,8 +233,7 @@ def _render_looped(ex: Exprs, names: NameTable, node: Node, shape: tuple[int, ..
     for pos, out in enumerate(node.outputs):
         if out:
             out_shape = ex.graph.type_of(out).shape
-            want = full if out_shape == shape else keep if len(out_shape) == len(shape) else drop
-            ex.overrides[out] = override_for(pos, out_shape, want)
+            ex.overrides[out] = override_for(pos, out_shape, idx.want(out_shape))
     # the outputs that line up with the row: a last loop computes and stores them block by block
     fresh()
     stores = []
@@ -236,20 +244,10 @@ def _render_looped(ex: Exprs, names: NameTable, node: Node, shape: tuple[int, ..
         loops.append(dict(before=[], body=ex.lines + stores, after=[]))
     # one value per row: after the loops
     fresh()
-    stores = []
-    for t in ex.group.outputs:
-        out_shape = ex.graph.type_of(t).shape
-        if out_shape == shape:
-            continue
-        if out_shape == tuple(1 if d in axes else n for d, n in enumerate(shape)):
-            stores.append(f"tl.store({names(t)} + {ix.linear(keep, out_shape)}, {ex.value(t, keep)})")
-        elif out_shape == tuple(shape[d] for d in row_dims):
-            stores.append(f"tl.store({names(t)} + {ix.linear(drop, out_shape)}, {ex.value(t, drop)})")
-        else:
-            raise ex.error(f"output {t!r} {list(out_shape)} does not line up with the rows of {x!r} {list(shape)}")
+    stores = [idx.reduced_store(ex, names, t, x) for t in ex.group.outputs if ex.graph.type_of(t).shape != shape]
     summary = f"{node.op} {node.name} over axes {list(axes)} of {x} {list(shape)}, in blocks of {LOOP_BLOCK}"
     return dict(template="reduction_loop.py.j2", summary=c_comment_text(summary), rows=rows, length=length,
-                grid=[rows], row_lines=row_lines, j_lines=j_lines, loops=loops, body=ex.lines, stores=stores,
+                grid=[rows], row_lines=idx.row_lines, j_lines=idx.j_lines, loops=loops, body=ex.lines, stores=stores,
                 meta=[("BLOCK", LOOP_BLOCK)])
 
 
