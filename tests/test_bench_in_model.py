@@ -114,6 +114,7 @@ def test_a_product_onnxruntime_runs_in_parts_is_matched_to_them() -> None:
     wide, narrow = cores[("gemm", 8, 192, 64)], cores[("gemm", 8, 64, 64)]
     assert wide.ort_ms == [pytest.approx(3 * 1.25)] * 2 and wide.ratio() == pytest.approx(3.0 / 3.75)
     assert len(narrow.ort_ms) == 2 and narrow.ratio() == pytest.approx(1.5 / 1.25)
+    assert wide.ort_parts == "3 x gemm [8 x 64] @ [64 x 64]" and narrow.ort_parts == ""
     assert result.unmatched == {}
     # too few nodes of the shape to be the parts: the wide core has no time of onnxruntime's
     few = {f"mm{i}": ("MatMul", ("gemm", 8, 64, 64), 1.0) for i in range(5)}

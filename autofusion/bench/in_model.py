@@ -88,7 +88,7 @@ class InModelCore:
     labels: list[str] = field(default_factory=list)
     ours_ms: list[float] = field(default_factory=list)  # per instance: the kernel's median x the core's share
     ort_ms: list[float] = field(default_factory=list)  # per matching node: its median
-    ort_nodes: list[str] = field(default_factory=list)
+    ort_parts: str = ""  # matched to onnxruntime's nodes of this product in parts, e.g. "3 x gemm [...]"
 
     @property
     def flops(self) -> int:
@@ -109,7 +109,7 @@ class InModelCore:
                 "onnxruntime_nodes": len(self.ort_ms), "ms_per_instance": {"autofusion": ours, "onnxruntime": theirs},
                 "gflops": {side: self.flops / 1e9 / (t / 1e3) for side, t in
                            (("autofusion", ours), ("onnxruntime", theirs)) if t},
-                "ratio_vs_onnxruntime": self.ratio()}
+                "ratio_vs_onnxruntime": self.ratio(), "onnxruntime_parts": self.ort_parts}
 
 
 def _describe(key: CoreKey) -> str:
@@ -199,7 +199,6 @@ def combine(ours: dict[CoreKey, InModelCore], ours_rest: float,
     for key, nodes in by_key.items():
         if key in ours:
             ours[key].ort_ms += [ms for _, ms in nodes]
-            ours[key].ort_nodes += [n for n, _ in nodes]
     claimed: set[CoreKey] = set()
     for key, core in ours.items():
         part = None if core.ort_ms else _parts_of(key, len(core.ours_ms), ours, by_key)
@@ -207,12 +206,11 @@ def combine(ours: dict[CoreKey, InModelCore], ours_rest: float,
             nodes, parts = by_key[part], key[2] // part[2]
             mean = statistics.fmean(ms for _, ms in nodes)
             core.ort_ms = [mean * parts] * len(core.ours_ms)
-            core.ort_nodes = [f"{parts} x {_describe(part)}"] * len(core.ours_ms)
+            core.ort_parts = f"{parts} x {_describe(part)}"
             by_key[part] = nodes[: len(nodes) - parts * len(core.ours_ms)]
             claimed.add(part)
             if part in ours:  # the parts' nodes leave the count of our own core of that shape
                 ours[part].ort_ms = [mean] * len(by_key[part])
-                ours[part].ort_nodes = [n for n, _ in by_key[part]]
     unmatched = {n: ms for key, nodes in by_key.items() if key not in ours and key not in claimed for n, ms in nodes}
     cores = sorted(ours.values(), key=lambda c: -c.flops * max(1, len(c.ours_ms)))
     total = sum(sum(c.ours_ms) for c in cores) + ours_rest
