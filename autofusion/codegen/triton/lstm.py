@@ -4,8 +4,9 @@
 The LSTM op: one program per direction and batch row, looping over time.
 
 A row's recurrence needs nothing from other rows, so each program keeps its hidden and cell state in
-registers across the steps; each step loads the step's input and computes the four gates (ONNX order
-i, o, f, c) as row-times-matrix sums over the input and recurrent weights, then the cell. Rendered:
+registers across the steps and its direction's weights loaded once; each step loads the step's input
+and computes the four gates (ONNX order i, o, f, c) as row-times-matrix sums over the input and
+recurrent weights, then the cell. Rendered:
 forward, reverse and bidirectional, optional biases and initial states, the default activations
 (sigmoid, tanh, tanh), every output. Anything else (sequence lengths, peepholes, clipping, coupled
 input and forget gates, other activations, batch-first layout, a hidden or input size over
@@ -43,7 +44,7 @@ def _unsupported(node: Node) -> str | None:
         return "the batch-first layout"
     acts = node.attr("activations")
     if acts is not None:
-        names = tuple(str(a.decode() if isinstance(a, bytes) else a).lower() for a in acts)
+        names = tuple(str(a).lower() for a in acts)
         if any(names[i:i + 3] != DEFAULT_ACTIVATIONS for i in range(0, len(names), 3)):
             return f"activations {list(names)}"
     return None
@@ -68,7 +69,6 @@ def render_lstm(ex: Exprs, names: NameTable) -> dict[str, object]:
         raise ex.error(f"hidden size {hidden} or input size {size} over {MAX_SIZE}", node)
     outputs = [o if o and o in ex.group.outputs else "" for o in node.outputs] + [""] * (3 - len(node.outputs))
     direction = str(node.attr("direction", "forward"))
-    direction = direction.decode() if isinstance(direction, bytes) else direction  # type: ignore[attr-defined]
     # the step a program takes at iteration s: direction 1 of a bidirectional LSTM runs backwards
     if direction == "reverse":
         step = f"{steps - 1} - s"
