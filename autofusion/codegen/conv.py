@@ -414,7 +414,8 @@ class _Conv:
         chunks = -(-poh // prb)
         # blocks of pooled rows in stripes, one task each, enough for the threads (a stripe's blocks
         # carry their shared rows over; only a stripe's first block computes them again)
-        per = -(-chunks // min(chunks, max(1, -(-MIN_TASKS // (n_img * groups * tiles_m)))))
+        stripes = min(chunks, -(-MIN_TASKS // (n_img * groups * tiles_m)))  # per image, group and channel block
+        per = -(-chunks // stripes)
         xs, ws = geo["xs"], geo["ws"]
         flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
         direct = None
