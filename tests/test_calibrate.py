@@ -222,3 +222,7 @@ def test_the_clear_pairs_a_model_orders_wrong_are_listed_widest_first() -> None:
     assert wrong[0]["fused_ops"] == "Add -> Relu" and wrong[0]["parts"] == 2 and wrong[0]["family"] == "bert"
     assert wrong[1]["measured_ms"] == [2000.0, 1000.0] and wrong[1]["predicted_ms"] == [500.0, 1000.0]
     assert misordered_pairs(pairs, predicted, limit=1) == wrong[:1]
+    # a side below the clock's resolution: still a clear pair (as pair_agreement counts it), listed
+    # first, with no ratio
+    timed_zero = misordered_pairs([pair(1e-6, 0.0), *pairs], [(0.5, 1.0), *predicted])
+    assert timed_zero[0]["measured_ratio"] is None and timed_zero[1:] == wrong

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import platform
 import time
@@ -301,9 +302,10 @@ def misordered_pairs(pairs: Sequence[RegionPair], predicted: Sequence[tuple[floa
         if slow < MODEL_CLEAR_RATIO * fast or (fused < split) == (r.seconds[0] < r.seconds[1]):
             continue
         ops = " -> ".join(r.graph.node_by_name[n].op for n in r.fused)
-        wrong.append((slow / fast, {"family": r.family, "fused_ops": ops, "parts": len(r.split),
-                                    "measured_ms": [r.seconds[0] * 1e3, r.seconds[1] * 1e3],
-                                    "predicted_ms": [fused * 1e3, split * 1e3], "measured_ratio": slow / fast}))
+        ratio = slow / fast if fast > 0 else None  # (a side below the clock's resolution: no ratio)
+        wrong.append((ratio or math.inf, {"family": r.family, "fused_ops": ops, "parts": len(r.split),
+                                          "measured_ms": [r.seconds[0] * 1e3, r.seconds[1] * 1e3],
+                                          "predicted_ms": [fused * 1e3, split * 1e3], "measured_ratio": ratio}))
     return [w for _, w in sorted(wrong, key=lambda item: -item[0])][:limit]
 
 
