@@ -30,6 +30,7 @@ from autofusion.runtime.tuning import (
     TuningStore,
     candidates,
     core_graph,
+    core_plan,
     render_tuned,
     tunable,
 )
@@ -327,6 +328,41 @@ def test_a_convolution_with_its_weight_given_at_run_time_is_tuned_with_it_as_an_
     times[CoreChoice("blas")] = 1e-4
     built: list[CoreChoice] = []
     assert _tuner(tmp_path, times, built).choose(spec) == CoreChoice("blas") and len(built) == 4
+
+
+def test_a_transposed_a_takes_passes_whose_rows_fit_a_quarter_of_l2() -> None:
+    """A weight gradient's X^T is read a row of M floats per step of K: a pass of kc rows should take
+    at most a quarter of L2 (512 KiB of a 2 MiB L2 at M = 1024: 128 rows), never below KC_MIN."""
+    big_l2 = Machine("avx512", l2=2 * 1024 * 1024)
+    grad = CoreSpec("gemm", 1024, 256, 512, repackable=True, a_transposed=True)
+    assert big_l2.kc_for(grad) == 128 and DefaultChooser(big_l2).choose(grad) == CoreChoice("repack", 128)
+    assert big_l2.kc_for(CoreSpec("gemm", 256, 1024, 512, repackable=True, a_transposed=True)) == 512
+    assert big_l2.kc_for(CoreSpec("gemm", 1024, 256, 512, repackable=True)) == big_l2.default_kc() == 1024
+    assert MACHINE.kc_for(grad) == 128  # 128 KiB / 4 KiB = 32 rows: KC_MIN
+    assert candidates(grad, big_l2)[0] == CoreChoice("repack", 128)
+    assert len({grad.key(), CoreSpec("gemm", 1024, 256, 512, repackable=True).key(),
+                CoreSpec("gemm", 1024, 256, 512, repackable=True, b_transposed=True).key()}) == 3
+    assert grad.describe() == "gemm [512 x 1024]^T @ [512 x 256]"
+
+
+@pytest.mark.parametrize("ta,tb", [(True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("m,n,k", [(97, 64, 300), (140, 33, 129)])
+def test_a_product_of_run_time_operands_is_timed_as_the_model_computes_it(
+        tmp_path: Path, ta: bool, tb: bool, m: int, n: int, k: int) -> None:
+    """A training graph's products (weights are inputs) are tuned: the tuner's one-kernel plan reads
+    its operands through the same transposes, so its core is the model's (the same key), and each
+    candidate computes the product (K over several passes, edge rows and columns)."""
+    spec = CoreSpec("gemm", m, n, k, repackable=True, a_transposed=ta, b_transposed=tb)
+    assert tunable(CoreSpec("gemm", 512, 256, 1024, repackable=True, a_transposed=ta, b_transposed=tb))
+    plan, feeds = core_plan(spec)
+    assert len(plan.groups) == 1
+    a = feeds["x"].T if ta else feeds["x"]
+    b = feeds["w"].T if tb else feeds["w"]
+    for choice in (CoreChoice("repack", 128), CoreChoice("blas")):
+        model = CompiledModel(plan, cache=tmp_path, cores=FixedChooser(choice))
+        (core, used), = [c for kernel in model.source.kernels for c in kernel.cores]
+        assert core.key() == spec.key() and used == choice
+        np.testing.assert_allclose(model.run(feeds)[plan.graph.outputs[0]], a @ b, rtol=1e-4, atol=1e-4)
 
 
 # -- instruction sets ------------------------------------------------------------------------------

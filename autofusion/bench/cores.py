@@ -30,7 +30,7 @@ import numpy as np
 from autofusion.bench.timing import RUNNER_PAUSE_SECONDS, wake
 from autofusion.codegen.cores import CoreChoice, CoreSpec, FixedChooser, Machine
 from autofusion.decide import unfused_plan
-from autofusion.runtime.tuning import core_graph
+from autofusion.runtime.tuning import core_graph, core_plan
 
 RUNNERS = ("autofusion", "onnxruntime", "openblas")
 BLOCK_SECONDS = 0.05  # a 0.2 ms core timed 10 times after a pause is timed waking up, not running
@@ -80,8 +80,8 @@ def _ours(spec: CoreSpec, choice: CoreChoice, machine: Machine, threads: int, ca
           ) -> Callable[[], object]:
     from autofusion.runtime import CompiledModel
 
-    graph, feeds = core_graph(spec)
-    model = CompiledModel(unfused_plan(graph), threads=threads, cache=cache, cores=FixedChooser(choice, machine))
+    plan, feeds = core_plan(spec)
+    model = CompiledModel(plan, threads=threads, cache=cache, cores=FixedChooser(choice, machine))
     return lambda: model.run(feeds)
 
 

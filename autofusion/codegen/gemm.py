@@ -487,8 +487,10 @@ class _Gemm:
         A constant weight left to sgemm stays unpacked (concatenated when several cores share A)."""
         repackable = (seg.weight is None and not seg.drop_n and seg.n >= PACKED_MIN_COLUMNS
                       and not self._small_rows(seg))
+        ta, _ = self._layout(seg, "a") or (False, 0)
+        tb, _ = self._layout(seg, "b") or (False, 0)
         spec = CoreSpec("gemm", seg.rows, seg.n, seg.k, packable=seg.weight is not None, calls=seg.calls,
-                        repackable=repackable)
+                        repackable=repackable, a_transposed=ta, b_transposed=tb and seg.weight is None)
         choice = self.k.core(spec)
         seg.repack = choice.impl == "repack"
         if choice.packed or seg.weight is None:

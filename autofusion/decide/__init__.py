@@ -1,6 +1,6 @@
 """The fusion decider: cost models, strategies and the plan they produce."""
 
-from autofusion.decide.baseline import unfused_plan
+from autofusion.decide.baseline import one_kernel_plan, unfused_plan
 from autofusion.decide.groups import build_groups, group_io
 from autofusion.decide.plan import CostBreakdown, FusedGroup, Plan, RuleRef, UnfusedPair, UnfusedReason
 
@@ -13,5 +13,6 @@ __all__ = [
     "UnfusedReason",
     "build_groups",
     "group_io",
+    "one_kernel_plan",
     "unfused_plan",
 ]

@@ -48,7 +48,7 @@ from autofusion.codegen.cores import (
     this_machine,
 )
 from autofusion.codegen.templates import default_templates
-from autofusion.decide import unfused_plan
+from autofusion.decide import one_kernel_plan
 from autofusion.decide.plan import Plan
 from autofusion.graph.graph import Graph
 from autofusion.ir import GraphBuilder
@@ -81,7 +81,7 @@ class TuningCacheWarning(UserWarning):
 def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
     """The default first; for a convolution that can read its taps in place, the im2col form
     too; then the other K blockings that differ for this K; then OpenBLAS."""
-    base = machine.default_kc()
+    base = machine.kc_for(spec)
     impl = "repack" if not spec.packable else "taps" if spec.taps else "packed"
     out = [CoreChoice(impl, base)] + ([CoreChoice("packed", base)] if spec.taps and spec.packable else [])
     seen = {base}
@@ -98,9 +98,10 @@ def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
 
 def tunable(spec: CoreSpec) -> bool:
     """Large enough to matter, with a choice, and a shape ``core_graph`` rebuilds as it runs (a GEMM
-    whose batch is not folded into its rows would be timed as one taller product; a convolution's
-    weight given at run time is timed as an input, packed per call or left to OpenBLAS)."""
-    choice = spec.packable or (spec.kind == "conv" and spec.repackable)
+    whose batch is not folded into its rows would be timed as one taller product; a weight given at
+    run time, a convolution's or a training graph's, is timed as an input, packed per call or left
+    to OpenBLAS)."""
+    choice = spec.packable or spec.repackable
     return choice and spec.flops >= TUNE_MIN_FLOPS and (spec.kind == "conv" or spec.calls == 1)
 
 
@@ -261,9 +262,8 @@ class Tuner:
             self.store.save()
 
     def _measure(self, spec: CoreSpec) -> tuple[CoreChoice, dict[str, float]]:
-        graph, feeds = core_graph(spec)
+        plan, feeds = core_plan(spec)
         options = candidates(spec, self.machine)
-        plan = unfused_plan(graph)
         models = [self.build(plan, FixedChooser(c, self.machine)) for c in options]
         runs = []
         for model in models:  # warm up; a sample repeats the core until it lasts SAMPLE_SECONDS
@@ -287,8 +287,15 @@ class Tuner:
         return options[best], times
 
 
+def core_plan(spec: CoreSpec) -> tuple[Plan, dict[str, np.ndarray]]:
+    """One kernel computing ``spec`` (seeded random data), as a plan, and its feeds."""
+    graph, feeds = core_graph(spec)
+    return one_kernel_plan(graph), feeds
+
+
 def core_graph(spec: CoreSpec) -> tuple[Graph, dict[str, np.ndarray]]:
-    """A one-op graph computing ``spec`` (seeded random data) and its feeds."""
+    """A graph computing ``spec`` (seeded random data: one op, with the transposes it reads its
+    operands through) and its feeds."""
     rng = np.random.default_rng(0)
     b = GraphBuilder(f"core_{spec.kind}")
     if spec.kind == "conv":
@@ -301,6 +308,14 @@ def core_graph(spec: CoreSpec) -> tuple[Graph, dict[str, np.ndarray]]:
         if not spec.packable:
             return b.build([y]), {"x": rng.standard_normal(xs).astype(np.float32), "w": weight}
         shape = xs
+    elif not spec.packable and spec.calls == 1:  # B given at run time (training): each operand as stored
+        a_shape = (spec.k, spec.m) if spec.a_transposed else (spec.m, spec.k)
+        b_shape = (spec.n, spec.k) if spec.b_transposed else (spec.k, spec.n)
+        x, w = b.input("x", a_shape), b.input("w", b_shape)
+        a = b.op("Transpose", x, perm=[1, 0]) if spec.a_transposed else x
+        bb = b.op("Transpose", w, perm=[1, 0]) if spec.b_transposed else w
+        return b.build([b.op("MatMul", a, bb)]), {"x": rng.standard_normal(a_shape).astype(np.float32),
+                                                   "w": rng.standard_normal(b_shape).astype(np.float32)}
     elif not spec.packable:  # a product of two activations (attention): a batch of both operands
         x, w = b.input("x", (spec.calls, spec.m, spec.k)), b.input("w", (spec.calls, spec.k, spec.n))
         g = b.build([b.op("MatMul", x, w)])
