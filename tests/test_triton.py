@@ -89,16 +89,19 @@ def test_gemm_epilogue_matches_reference() -> None:
     ("bert-tiny", {"pointwise", "reduction", "gemm_epilogue", "horizontal_gemm"}),
     ("gpt2-tiny", {"pointwise", "reduction", "gemm_epilogue", "opaque"}),
 ])
-def test_transformer_plans_run_wholly_in_triton(name: str, kinds: set[str]) -> None:
+def test_transformer_plans_run_wholly_in_triton(name: str, kinds: set[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Every group of the tiny transformers' fused plans is one Triton kernel (the attention products
     read K^T and the heads through their Transposes, QKV is one launch, the attention scores' kernel
-    stores the mask it computes at the mask's own shape), none falls back or splits."""
+    stores the mask it computes at the mask's own shape), none falls back or splits; the views
+    (Reshapes) are tensors reshaped on the device: nothing goes through the host."""
     from autofusion.api import optimize
     from autofusion.models import build, random_inputs
 
     plan = optimize(build(name))
     model = TritonModel(plan)
-    assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
+    assert not model.fallbacks, model.fallbacks
+    assert any(g.template == "view" for g in plan.groups)
+    monkeypatch.setattr(model, "_run_reference", lambda *args: pytest.fail("a group ran on the host"))
     assert not model.split, dict(model.split)
     assert kinds <= {k.group.template for k in model.kernels}
     feeds = random_inputs(plan.graph)
@@ -118,7 +121,7 @@ def test_a_convolution_ending_in_its_pooling_op_runs_as_two_kernels() -> None:
     stem = next(g for g in plan.groups if any(plan.graph.node_by_name[n].op == "MaxPool" for n in g.nodes))
     model = TritonModel(plan)
     assert stem.name in model.split
-    assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
+    assert not model.fallbacks, model.fallbacks
     assert [k.group.name for k in model.kernels if k.group.name.startswith(stem.name)] == [
         f"{stem.name}_conv", f"{stem.name}_pool"]
     assert len(model.kernels) == len([g for g in plan.groups if g.template != "view"]) + 1
@@ -377,7 +380,7 @@ def test_shared_dynamo_exports_run_wholly_in_triton() -> None:
         path = Path(__file__).parent / "data" / "models" / f"{name}.onnx"
         plan = optimize(load_onnx(path))
         model = TritonModel(plan)
-        assert all(reason == "view" for reason in model.fallbacks.values()), model.fallbacks
+        assert not model.fallbacks, model.fallbacks
         feeds = random_inputs(plan.graph)  # token ids within the vocabulary
         got, want = model(feeds), run_graph(plan.graph, feeds)
         for out, ref in want.items():

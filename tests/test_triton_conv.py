@@ -171,7 +171,7 @@ def test_resnet_tiny_plan() -> None:
     stems = {name for name, group_ops in ops.items() if group_ops == ["Conv", "Relu", "MaxPool"]}
     # the stem has no single kernel: its Conv, Relu and MaxPool run as one kernel each, none on the host
     assert set(model.split) <= stems and all("pooling" in why for why in model.split.values()), model.split
-    assert all(why == "view" for why in model.fallbacks.values()), model.fallbacks
+    assert not model.fallbacks, model.fallbacks
     templates = {k.group.template for k in model.kernels}
     assert {"conv_epilogue", "opaque", "reduction"} <= templates
     feeds = random_inputs(plan.graph)

@@ -234,7 +234,7 @@ def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, fl
         raise CliError(f"Triton could not compile a kernel: {type(e).__name__}: {str(e).strip()[:500]}") from None
     start = time.perf_counter()
     outputs = model(feeds)
-    host = {k: v for k, v in model.fallbacks.items() if v != "view"}
+    host = dict(model.fallbacks)
     return outputs, start, {"device": "cpu (Triton's interpreter)" if interpreted else torch.cuda.get_device_name(),
                             "kernels": len(model.kernels), "split": dict(model.split), "host": host}
 

@@ -4,7 +4,8 @@ A group the Triton backend cannot render as one kernel runs as several, on the d
 with a pooling epilogue as the convolution with its epilogue and then the pooling op, any other group
 as one Triton kernel per op; only ops without any Triton kernel run with the op registry's reference
 implementations (the same numpy
-code as :func:`autofusion.ir.run_graph`, on the host). With ``fallback=False`` the first group
+code as :func:`autofusion.ir.run_graph`, on the host). A group of views (Reshape, Flatten, Squeeze...)
+needs no kernel: its outputs are its input's tensor in their shapes, on the device. With ``fallback=False`` the first group
 that is not one kernel is refused with its CodegenError instead.
 Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on the CPU.
 
@@ -49,7 +50,7 @@ def _launch_guard() -> contextlib.AbstractContextManager[object]:
 @dataclass(frozen=True)
 class _Step:
     group: FusedGroup
-    kernel: TritonKernel | None  # None: run with the reference ops
+    kernel: TritonKernel | None  # None: views of a tensor on the device, or the reference ops on the host
     launch: Any = None
     reason: str = ""
 
@@ -166,9 +167,8 @@ class TritonModel:
 
     @property
     def fallbacks(self) -> Mapping[str, str]:
-        """Groups (or ops of a split group) run with the reference ops on the host, with the reason
-        (view groups need no kernel)."""
-        return {s.group.name: s.reason for s in self.steps if s.kernel is None}
+        """Groups (or ops of a split group) run with the reference ops on the host, with the reason."""
+        return {s.group.name: s.reason for s in self.steps if s.kernel is None and s.group.template != "view"}
 
     def _load(self, kernel: TritonKernel) -> ModuleType:
         path = self._dir / f"{kernel.name}.py"
@@ -210,6 +210,9 @@ class TritonModel:
         graph = self.plan.graph
         env: dict[str, Any] = {**self._weights, **feeds}
         for step in self.steps:
+            if step.group.template == "view":
+                self._run_views(step.group, env)
+                continue
             if step.kernel is None:
                 self._run_reference(step.group, env)
                 continue
@@ -218,6 +221,16 @@ class TritonModel:
                 env[t] = torch.empty(tt.shape, dtype=getattr(torch, tt.dtype.value), device=self.device)
             step.launch(*(env[t].contiguous() for t in step.kernel.params))
         return {o: env[o] for o in graph.outputs}
+
+    def _run_views(self, group: FusedGroup, env: dict[str, Any]) -> None:
+        """Each view op's output: its data input's tensor in the output's shape (a view op keeps the
+        data and its row-major order), on the device, without a copy where the input is contiguous."""
+        graph = self.plan.graph
+        for name in group.nodes:
+            node = graph.node_by_name[name]
+            for out in node.outputs:
+                if out:
+                    env[out] = env[node.inputs[0]].reshape(graph.type_of(out).shape)
 
     def _run_reference(self, group: FusedGroup, env: dict[str, Any]) -> None:
         import torch
