@@ -129,12 +129,41 @@ def test_lstm_cell_unrolled_over_time_as_one_scan_kernel(cell_kernel: bool, monk
     assert ("gates interleaved" in kernel.code) == cell_kernel
     step_bytes = sum(g.types[t].nbytes for n in scan.nodes if g.node_by_name[n].op == "Gemm"
                      for t in g.node_by_name[n].outputs) // 8
-    if cell_kernel:  # [x_t, h] twice (double buffer) and c: 2 x (32 + 48) + 48 floats
-        assert kernel.scratch_bytes == (2 * (32 + 48) + 48) * 4
+    if cell_kernel:  # h twice (double buffer) and c: 2 x 48 + 48 floats (x_t W_ih^T: each thread's own)
+        assert kernel.scratch_bytes == (2 * 48 + 48) * 4
     else:
         # each step's projections run at that step and its values' scratch is reused once read: a few
         # steps' worth of scratch, not eight (2,304 bytes here; 7,488 when all projections ran up front)
         assert kernel.scratch_bytes <= 3 * step_bytes
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4, 7])
+@pytest.mark.parametrize("seq,batch", [(8, 1), (6, 3)])
+def test_lstm_cell_kernel_projects_several_steps_ahead_when_w_ih_leaves_l2(seq: int, batch: int,
+                                                                           threads: int) -> None:
+    """On a machine whose L2 cannot hold W_ih (here told 16 KiB, W_ih 24 KiB) each thread computes its
+    panels' input projections four steps ahead into its own block: the same numbers for any thread
+    count (7 threads over 6 panels: one has none), a step count that is no multiple of four, a batch."""
+    import dataclasses
+
+    from autofusion.codegen.cores import CoreChoice, FixedChooser, this_machine
+    from autofusion.models import build, random_inputs
+
+    g = build("lstm-tiny", seq=seq, batch=batch)
+    head = g.nodes[-1]
+    cells = [n.name for n in g.nodes if n.op != "Gather" and n is not head]
+    rest = [[n.name] for n in g.nodes if n.op == "Gather" or n is head]
+    groups = build_groups(g, [cells, *rest], template_of=lambda ns: "lstm_scan" if len(ns) > 1 else "opaque")
+    plan = Plan(g, groups, ZERO_COST, ZERO_COST)
+    small_l2 = FixedChooser(CoreChoice("packed", 128), dataclasses.replace(this_machine(), l2=16 * 1024))
+    model = CompiledModel(plan, cache=CACHE, cores=small_l2, threads=threads)
+    kernel = next(k for k in model.source.kernels if k.group.template == "lstm_scan")
+    assert "the next 4 steps" in kernel.code and kernel.thread_bytes == 4 * batch * 4 * 48 * 4
+    feeds = random_inputs(g, seed=7)
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    plain = CompiledModel(plan, cache=CACHE, threads=threads)  # this machine's L2 holds W_ih: step by step
+    assert "the next 4 steps" not in next(k.code for k in plain.source.kernels if k.group.template == "lstm_scan")
 
 
 @pytest.mark.parametrize("batch", [1, 3])

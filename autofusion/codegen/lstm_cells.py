@@ -1,12 +1,15 @@
 """An LSTM cell unrolled over time steps (``lstm_scan``, torch.nn.LSTMCell in a Python loop) as one
 recurrent kernel whose gates are never stored.
 
-Each step's two products, x_t W_ih^T and h W_hh^T, are one product of the row [x_t, h] with the
-weights stacked along K. At build time the stacked weights' columns are interleaved by gate, eight
-hidden units at a time, and packed: a 32-column panel holds the input, forget, candidate and output
-gate of hidden units 8p..8p+7. A thread computes a panel and, from that tile, those units' next cell
-and hidden state; the cell state is updated in place and the hidden state goes to the other half of a
-double buffer (other panels still read this step's h). One barrier per step.
+At build time both weights' columns are interleaved by gate, eight hidden units at a time, and
+packed: a 32-column panel holds the input, forget, candidate and output gate of hidden units
+8p..8p+7. Per step, a thread computes h W_hh^T for its panels and, from that tile, the step's input
+projection x_t W_ih^T and the bias, those units' next cell and hidden state; the cell state is
+updated in place and the hidden state goes to the other half of a double buffer (other panels still
+read this step's h). One barrier per step. A thread computes the same panels at every step. The
+input projections depend on no state: where W_ih is too large to stay in L2 from one step to the
+next, a thread computes its panels' projections for PROJECTION_STEPS steps at once, into its own
+block, so that W_ih is read from beyond L2 once per PROJECTION_STEPS steps, not once per step.
 
 Only the exact cell of rules/rnn.fuse (Gemm + Gemm -> Add -> Split in four -> Sigmoid, Sigmoid,
 Tanh, Sigmoid -> c' = f c + i g, h' = o tanh(c')) with shared constant weights is rendered this way;
@@ -28,6 +31,11 @@ from autofusion.graph.types import DType
 
 UNITS = PACK_NR // 4  # hidden units per panel: four gates each
 MAX_BATCH = 256  # each thread's tile of gates, batch x 32 floats, lives on its stack
+# steps whose input projections are computed together when W_ih is larger than half of L2: W_ih
+# streamed once per 4 steps (the built-in lstm, hidden 512: 6 -> 4.5 MiB of weights per step);
+# more steps save less and hold more activations
+PROJECTION_STEPS = 4
+MAX_PROJECTION_BYTES = 1 << 20  # a thread's block of projections at most (a larger batch projects step by step)
 
 
 @dataclass(frozen=True)
@@ -210,12 +218,12 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
     if not set(k.group.outputs) <= states:
         return None  # a gate or an intermediate value is needed outside: the generic renderer stores it
 
-    kk = d + hidden
     panels = hidden // UNITS
-    # column p*32 + gate*8 + u of the packed weight is gate `gate` of hidden unit 8p + u
+    # column p*32 + gate*8 + u of a packed weight is gate `gate` of hidden unit 8p + u
     perm = np.array([gate * hidden + p * UNITS + u for p in range(panels) for gate in range(4) for u in range(UNITS)])
-    stacked = np.concatenate([np.asarray(w_x, np.float32).T, np.asarray(w_h, np.float32).T])  # [D + H, 4H]
-    w_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_packed", pack_weights(stacked[:, perm], slice_cols(k)))
+    wx_ptr, wh_ptr = (k.derived_constant(f"{gemm.name}_cell_packed",
+                                         pack_weights(np.asarray(w, np.float32).T[:, perm], slice_cols(k)))
+                      for gemm, w in ((first.gemm_x, w_x), (first.gemm_h, w_h)))
     bias = np.zeros(4 * hidden, np.float32)
     for gemm in (first.gemm_x, first.gemm_h):
         if len(gemm.inputs) > 2 and gemm.inputs[2]:
@@ -223,7 +231,12 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
             assert b is not None
             bias = bias + np.broadcast_to(np.asarray(b, np.float32), (4 * hidden,))
     b_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_bias", bias[perm].astype(np.float32))
-    off_xh = k.scratch(2 * batch * kk * 4)
+    together = min(len(steps), PROJECTION_STEPS) if w_x.size * 4 > k.chooser.machine.l2 // 2 else 1
+    if together * batch * 4 * hidden * 4 > MAX_PROJECTION_BYTES:
+        together = 1
+    if together > 1:  # each thread's panels' projections (all panels where it is the only thread)
+        k.per_thread(together * batch * 4 * hidden * 4)
+    off_h = k.scratch(2 * batch * hidden * 4)
     off_c = k.scratch(batch * hidden * 4)
     outputs = set(k.group.outputs)
     k.uses_blas = True
@@ -231,12 +244,13 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
         "lstm_cells.c.j2",
         comment=c_comment_text(f"LSTM cell over {len(steps)} steps: batch {batch}, input {d}, hidden {hidden}; "
                                f"gates interleaved {UNITS} hidden units per {PACK_NR}-column panel"),
-        steps=len(steps), batch=batch, d=d, hidden=hidden, k=kk, panels=panels, units=UNITS, nr=PACK_NR,
+        steps=len(steps), together=together, batch=batch, d=d, hidden=hidden, gates=4 * hidden, panels=panels, units=UNITS, nr=PACK_NR,
         kc=k.chooser.machine.default_kc(), packed_for=packed_for(slice_cols(k)),
         xs=[i[0] for i in inputs if i is not None], x_strides=[i[1] for i in inputs if i is not None],
         h_out=[k.pointer(s.h_out) if s.h_out in outputs else "NULL" for s in steps],
         c_out=[k.pointer(s.c_out) if s.c_out in outputs else "NULL" for s in steps],
-        h0=_initial(k, first.h_in), c0=_initial(k, first.c_in), w=w_ptr, bias=b_ptr, off_xh=off_xh, off_c=off_c)
+        h0=_initial(k, first.h_in), c0=_initial(k, first.c_in), wx=wx_ptr, wh=wh_ptr, bias=b_ptr, off_h=off_h,
+        off_c=off_c)
 
 
 def _initial(k: KernelContext, tensor: str) -> str:
