@@ -108,6 +108,18 @@ def test_weights_are_read_again_by_each_core_and_come_from_where_all_weights_fit
     names = [n.name for n in chain.nodes]
     costs = {model.group_cost(chain, order).seconds for order in (names, names[::-1], sorted(names))}
     assert len(costs) == 1 and model.terms(chain, names).reread_bytes == 5 * weight
+    # an LSTM's loop: the input projections wait for no core and are computed LOOKAHEAD_STEPS steps at
+    # once (their weight read once per that many steps), the recurrent ones a step at a time
+    from autofusion.kinds.builtin import LOOKAHEAD_STEPS
+
+    loop = GraphBuilder("loop")
+    h = loop.input("h0", (1, 64))
+    wi, wh = loop.const(np.ones((64, 64), np.float32)), loop.const(np.full((64, 64), 0.5, np.float32))
+    for step in range(8):
+        h = loop.op("Tanh", loop.op("Add", loop.op("MatMul", loop.input(f"x{step}", (1, 64)), wi),
+                                    loop.op("MatMul", h, wh)))
+    scan = loop.build([h])
+    assert model.terms(scan, [n.name for n in scan.nodes]).reread_bytes == (7 + 8 // LOOKAHEAD_STEPS - 1) * weight
     # constants placed by the graph's weights in all: beyond the last cache, the DRAM rate applies
     tiny = HardwareProfile("tiny", 1e12, (CacheLevel("L1", 1 << 12, 1e12), CacheLevel("L2", 1 << 20, 1e12)),
                            1e9, 0.0, 0.0)

@@ -8,8 +8,8 @@ projection x_t W_ih^T and the bias, those units' next cell and hidden state; the
 updated in place and the hidden state goes to the other half of a double buffer (other panels still
 read this step's h). One barrier per step. A thread computes the same panels at every step. The
 input projections depend on no state: where W_ih is too large to stay in L2 from one step to the
-next, a thread computes its panels' projections for PROJECTION_STEPS steps at once, into its own
-block, so that W_ih is read from beyond L2 once per PROJECTION_STEPS steps, not once per step.
+next, a thread computes its panels' projections for LOOKAHEAD_STEPS steps at once, into its own
+block, so that W_ih is read from beyond L2 once per LOOKAHEAD_STEPS steps, not once per step.
 
 Only the exact cell of rules/rnn.fuse (Gemm + Gemm -> Add -> Split in four -> Sigmoid, Sigmoid,
 Tanh, Sigmoid -> c' = f c + i g, h' = o tanh(c')) with shared constant weights is rendered this way;
@@ -28,13 +28,13 @@ from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.names import c_comment_text
 from autofusion.graph.graph import Graph, Node
 from autofusion.graph.types import DType
+from autofusion.kinds.builtin import LOOKAHEAD_STEPS
 
 UNITS = PACK_NR // 4  # hidden units per panel: four gates each
 MAX_BATCH = 256  # each thread's tile of gates, batch x 32 floats, lives on its stack
-# steps whose input projections are computed together when W_ih is larger than half of L2: W_ih
-# streamed once per 4 steps (the built-in lstm, hidden 512: 6 -> 4.5 MiB of weights per step);
-# more steps save less and hold more activations
-PROJECTION_STEPS = 4
+# input projections are computed LOOKAHEAD_STEPS steps at once when W_ih is larger than half of L2:
+# W_ih streamed once per 4 steps (the built-in lstm, hidden 512: 6 -> 4.5 MiB of weights per step);
+# 8 or 16 were not measurably faster and hold 2-4x the block
 MAX_PROJECTION_BYTES = 1 << 20  # a thread's block of projections at most (a larger batch projects step by step)
 
 
@@ -231,7 +231,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
             assert b is not None
             bias = bias + np.broadcast_to(np.asarray(b, np.float32), (4 * hidden,))
     b_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_bias", bias[perm].astype(np.float32))
-    together = min(len(steps), PROJECTION_STEPS) if w_x.size * 4 > k.chooser.machine.l2 // 2 else 1
+    together = min(len(steps), LOOKAHEAD_STEPS) if w_x.size * 4 > k.chooser.machine.l2 // 2 else 1
     if together * batch * 4 * hidden * 4 > MAX_PROJECTION_BYTES:
         together = 1
     if together > 1:  # each thread's panels' projections (all panels where it is the only thread)

@@ -36,6 +36,7 @@ from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
 from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.ir.infer import node_context
+from autofusion.kinds.builtin import LOOKAHEAD_STEPS
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpClass, OpRegistry
 
@@ -327,39 +328,48 @@ def _input_reads(graph: Graph, nodes: Sequence[str], inputs: Sequence[str], work
 def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeWork) -> tuple[int, int]:
     """(bytes read again, bytes of constants read in all) by ``nodes`` run as one kernel. An opaque
     core streams its operands from memory. In a kernel whose cores run one after another (one core
-    waits for another's result: an LSTM's steps) every core reads its operands again, a weight once
-    a step; cores side by side (a horizontal GEMM) read a shared operand once."""
+    waits for another's result: an LSTM's steps) every such core reads its operands again, a weight
+    once a step, and the cores that wait for none (an LSTM's input projections) are computed
+    LOOKAHEAD_STEPS steps at once, their weight read once per that many steps; cores side by side (a
+    horizontal GEMM) read a shared operand once."""
     by_name = graph.node_by_name
+    waiting, free = _cores_by_dependence(graph, nodes, work)
     readers: dict[str, int] = {}
-    cores = [n for n in nodes if work[n].op_class is OpClass.OPAQUE]
-    for n in cores:
+    ahead: dict[str, int] = {}  # reads by cores that wait for no other core
+    for n in waiting + free:
         for i in dict.fromkeys(by_name[n].inputs):
             if i:
                 readers[i] = readers.get(i, 0) + 1
-    in_turn = any(count > 1 for count in readers.values()) and _cores_in_turn(graph, nodes, work)
+                if n in free:
+                    ahead[i] = ahead.get(i, 0) + 1
+    in_turn = bool(waiting) and any(count > 1 for count in readers.values())
     reread = const = 0
     for t, nbytes in read.items():
-        extra = nbytes * (readers.get(t, 1) - 1) if in_turn else 0
+        reads = readers.get(t, 1) - ahead.get(t, 0) + -(-ahead.get(t, 0) // LOOKAHEAD_STEPS)
+        extra = nbytes * (max(1, reads) - 1) if in_turn else 0
         reread += extra
         if t in graph.constants:
             const += nbytes + extra
     return reread, const
 
 
-def _cores_in_turn(graph: Graph, nodes: Sequence[str], work: NodeWork) -> bool:
-    """Whether an opaque core of the group depends, inside the group, on another one."""
+def _cores_by_dependence(graph: Graph, nodes: Sequence[str], work: NodeWork) -> tuple[list[str], list[str]]:
+    """The group's opaque cores that depend, inside the group, on another of its cores, and those
+    that do not, in graph order."""
     members = set(nodes)
     below_core: set[str] = set()  # nodes of the group that depend on one of its cores
+    waiting: list[str] = []
+    free: list[str] = []
     for name in sorted(members, key=graph.node_index.__getitem__):
-        for i in graph.node_by_name[name].inputs:
-            producer = graph.producers.get(i) if i else None
-            if producer is not None and producer.name in members and (
-                    producer.name in below_core or work[producer.name].op_class is OpClass.OPAQUE):
-                if work[name].op_class is OpClass.OPAQUE:
-                    return True
-                below_core.add(name)
-                break
-    return False
+        core = work[name].op_class is OpClass.OPAQUE
+        below = any(producer is not None and producer.name in members
+                    and (producer.name in below_core or work[producer.name].op_class is OpClass.OPAQUE)
+                    for producer in (graph.producers.get(i) if i else None for i in graph.node_by_name[name].inputs))
+        if below:
+            below_core.add(name)
+        if core:
+            (waiting if below else free).append(name)
+    return waiting, free
 
 
 @dataclass(frozen=True)

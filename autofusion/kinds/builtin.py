@@ -8,6 +8,10 @@ from autofusion.kinds.kind import ACCEPT, Acceptance, KernelKind, ParamSpec, ref
 C = "autofusion.codegen.kind_renderers"
 TRITON = "autofusion.codegen.triton.render"
 TRITON_GEMM = "autofusion.codegen.triton.gemm"
+# a loop kernel (lstm_scan) computes the cores that depend on no other core of the loop (an LSTM's
+# input projections) this many steps at once, so that their weight is read once per that many steps
+# (codegen/lstm_cells.py; the cost model counts the reads so, decide/cost.py)
+LOOKAHEAD_STEPS = 4
 TILE_PARAMS = (
     ParamSpec("tile_m", int, "rows of the product per tile (default: all rows up to 192, else 128)", 1),
     ParamSpec("tile_n", int, "columns per tile (default: chosen for the thread count); a product with a "
