@@ -89,6 +89,28 @@ def test_unbound_symbolic_dims_name_themselves_and_the_fix() -> None:
     assert graph.types["x"].shape == (2, 3, 5) and graph.types["y"].shape == (2, 3, 5)
 
 
+def test_dims_are_read_off_the_arrays_given_for_the_inputs() -> None:
+    """A model exported with dynamic axes is bound by the feeds of a run: named and unnamed
+    dimensions from every input, and a clear error for an array of another rank, a fixed
+    dimension of another size, or one symbol given two sizes."""
+    from autofusion.frontends import dims_from_arrays
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    bias = helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["batch", None, 4])
+    model = _model([helper.make_node("Add", ["x", "bias"], ["y"])], [x, bias], ["y"])
+    arrays = {"x": np.zeros((2, 5, 4), np.float32), "bias": np.zeros((2, 1, 4), np.float32)}
+    dims = dims_from_arrays(model, arrays)
+    assert dims == {"batch": 2, "seq": 5, "bias[1]": 1}
+    assert load_onnx(model, dims=dims).types["y"].shape == (2, 5, 4)
+    assert dims_from_arrays(model, {"x": arrays["x"]}) == {"batch": 2, "seq": 5}  # bias not given: skipped
+    with pytest.raises(OnnxImportError, match=r"'batch' is 2 in input 'x' \(axis 0\) but 3 in input 'bias'"):
+        dims_from_arrays(model, {**arrays, "bias": np.zeros((3, 1, 4), np.float32)})
+    with pytest.raises(OnnxImportError, match=r"'x' is given as \[2, 5, 5\], the model declares \['batch', 'seq', 4\]: axis 2 is fixed at 4"):
+        dims_from_arrays(model, {"x": np.zeros((2, 5, 5), np.float32)})
+    with pytest.raises(OnnxImportError, match=r"'x' is given as \[2, 5\], the model declares .*: 3 dimension"):
+        dims_from_arrays(model, {"x": np.zeros((2, 5), np.float32)})
+
+
 def test_unnamed_dynamic_dim_is_bound_by_input_and_axis() -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [x], ["y"])

@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.cli.common import CliError, Output, add_model_arguments, json_number, load_model
+from autofusion.cli.common import (
+    CliError,
+    Output,
+    add_model_arguments,
+    is_onnx_path,
+    json_number,
+    load_model,
+    parse_dims,
+)
 from autofusion.cli.tuning_args import add_tune_argument, tune_progress, tune_wanted
 from autofusion.ir import Graph
 
@@ -44,8 +52,8 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
-    """The feeds of ``graph`` from an .npz with keys ``input:NAME``; CliError says what is wrong."""
+def read_npz_inputs(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an .npz, by key; CliError when it cannot be read as one."""
     try:
         with open(path, "rb") as f:
             magic = f.read(6)
@@ -63,7 +71,16 @@ def read_inputs(path: str, graph: Graph) -> dict[str, np.ndarray]:
         raise CliError(f"inputs file {path} is a directory") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
         raise CliError(f"cannot read inputs file {path}: {e} (expected an .npz written by numpy.savez)") from None
-    given = {k.removeprefix("input:"): v for k, v in arrays.items() if k.startswith("input:")}
+    return arrays
+
+
+def given_inputs(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k.removeprefix("input:"): v for k, v in arrays.items() if k.startswith("input:")}
+
+
+def checked_inputs(path: str, arrays: Mapping[str, np.ndarray], graph: Graph) -> dict[str, np.ndarray]:
+    """The feeds of ``graph`` among ``arrays`` (keys ``input:NAME``), checked against its inputs."""
+    given = given_inputs(arrays)
     missing = [n for n in graph.inputs if n not in given]
     if missing:
         raise CliError(f"inputs file {path} lacks {', '.join('input:' + n for n in missing)} "
@@ -104,6 +121,23 @@ def save_npz(path: str, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, n
     return target
 
 
+def _dims_of_inputs(args: argparse.Namespace, arrays: Mapping[str, np.ndarray] | None) -> dict[str, int]:
+    """An .onnx model's symbolic dimensions as the inputs file holds them (a model exported with
+    dynamic axes runs at whatever sizes its inputs have); a --dim that says otherwise is an error."""
+    if arrays is None or not is_onnx_path(args.model):
+        return {}
+    from autofusion.frontends.onnx_import import OnnxImportError, dims_from_arrays
+
+    try:
+        bound = dims_from_arrays(args.model, given_inputs(arrays))
+    except OnnxImportError as e:
+        raise CliError(f"inputs file {args.inputs}: {e}") from None
+    for name, value in parse_dims(args.dim).items():
+        if name in bound and bound[name] != value:
+            raise CliError(f"--dim {name}={value}, but the inputs file {args.inputs} has {name} = {bound[name]}")
+    return bound
+
+
 def run(args: argparse.Namespace) -> int:
     from autofusion.ir import run_graph
     from autofusion.models import random_inputs
@@ -111,9 +145,10 @@ def run(args: argparse.Namespace) -> int:
     out = Output()
     if args.save and Path(args.save).is_dir():
         raise CliError(f"--save {args.save} is a directory; give a file name")
-    loaded = load_model(args, seed=args.seed)
+    arrays = read_npz_inputs(args.inputs) if args.inputs else None
+    loaded = load_model(args, seed=args.seed, bound=_dims_of_inputs(args, arrays))
     graph = loaded.graph
-    feeds = read_inputs(args.inputs, graph) if args.inputs else random_inputs(graph, seed=args.seed)
+    feeds = checked_inputs(args.inputs, arrays, graph) if arrays is not None else random_inputs(graph, seed=args.seed)
     if args.profile and args.backend != "c":
         raise CliError("--profile times the kernels of the fused SuperKernel: use it with --backend c")
     start = time.perf_counter()

@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -123,9 +123,11 @@ def is_onnx_path(model: str) -> bool:
     return model.endswith(".onnx") or (model not in builtin_names() and Path(model).exists())
 
 
-def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | None = None) -> LoadedModel:
+def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | None = None,
+               bound: Mapping[str, int] | None = None) -> LoadedModel:
     """The graph MODEL names: imported from an .onnx file (with the ops of ``registry``, default the
-    built-in ones) or built (weights from ``seed``)."""
+    built-in ones; symbolic dimensions bound by ``--dim``, then by ``bound``) or built (weights from
+    ``seed``)."""
     from autofusion import models
 
     model: str = args.model
@@ -135,7 +137,8 @@ def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | N
                            ".onnx file with --dim NAME=N")
         from autofusion.frontends.onnx_import import load_onnx
 
-        return LoadedModel(load_onnx(model, dims=parse_dims(args.dim), registry=registry), model, builtin=False)
+        dims = {**(bound or {}), **parse_dims(args.dim)}
+        return LoadedModel(load_onnx(model, dims=dims, registry=registry), model, builtin=False)
     if model not in models.builtin_names() and ("/" in model or "\\" in model or "." in model):
         raise CliError(f"no such file: {model} (and no built-in model of that name; built-in models: "
                        f"{', '.join(models.builtin_names())})")

@@ -87,6 +87,40 @@ def load_onnx(
         raise OnnxImportError(f"{where}: cannot import: {type(e).__name__}: {e}") from None
 
 
+def dims_from_arrays(source: ModelSource, arrays: Mapping[str, Any],
+                     base_dir: str | os.PathLike[str] | None = None) -> dict[str, int]:
+    """Bindings of the model's symbolic input dimensions read off arrays given for its inputs (the
+    feeds of a run): each named dimension, or ``INPUT[AXIS]`` for an unnamed one, takes the size
+    the array has on that axis. Inputs without an array are skipped. An array of another rank, a
+    fixed dimension of another size, or a symbol given two sizes is an OnnxImportError naming the
+    input and axis."""
+    model, _ = load_model(source, base_dir)
+    initializers = {t.name for t in model.graph.initializer}
+    dims: dict[str, int] = {}
+    seen: dict[str, str] = {}  # symbol -> the input and axis that bound it
+    for v in model.graph.input:
+        if v.name in initializers or v.name not in arrays or not v.type.tensor_type.HasField("shape"):
+            continue
+        shape = tuple(np.shape(arrays[v.name]))
+        declared = v.type.tensor_type.shape.dim
+        spelled = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in declared]
+        if len(shape) != len(declared):
+            raise OnnxImportError(f"input {v.name!r} is given as {list(shape)}, the model declares {spelled}: "
+                                  f"{len(declared)} dimension(s)")
+        for axis, (d, size) in enumerate(zip(declared, shape)):
+            if d.HasField("dim_value") and d.dim_value >= 0:
+                if size != d.dim_value:
+                    raise OnnxImportError(f"input {v.name!r} is given as {list(shape)}, the model declares "
+                                          f"{spelled}: axis {axis} is fixed at {d.dim_value}")
+                continue
+            key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}[{axis}]"
+            if key in dims and dims[key] != size:
+                raise OnnxImportError(f"dimension {key!r} is {dims[key]} in {seen[key]} but {size} in input "
+                                      f"{v.name!r} (axis {axis})")
+            dims[key], seen[key] = int(size), f"input {v.name!r} (axis {axis})"
+    return dims
+
+
 def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegistry, where: str,
                   values: dict[str, Any], opset: _Opset) -> Graph:
     initializers = {t.name: t for t in graph.initializer}
