@@ -365,6 +365,23 @@ def test_a_product_of_run_time_operands_is_timed_as_the_model_computes_it(
         np.testing.assert_allclose(model.run(feeds)[plan.graph.outputs[0]], a @ b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("spec", [
+    CoreSpec("gemm", 40, 64, 200, repackable=True, calls=3, b_transposed=True),  # attention's Q K^T
+    CoreSpec("gemm", 40, 64, 200, repackable=True, calls=3, a_transposed=True),
+    CoreSpec("gemm", 97, 64, 300, packable=True, a_transposed=True),  # a constant weight, X^T read in place
+], ids=["batched_bt", "batched_at", "packed_at"])
+def test_core_plan_rebuilds_the_core_with_its_transposes(tmp_path: Path, spec: CoreSpec) -> None:
+    """What the tuner and bench-cores time is the model's core: the same key, the same numbers."""
+    plan, feeds = core_plan(spec)
+    graph = plan.graph
+    choice = CoreChoice("repack" if spec.repackable else "packed", 128)
+    model = CompiledModel(plan, cache=tmp_path, cores=FixedChooser(choice))
+    (core, _), = [c for kernel in model.source.kernels for c in kernel.cores]
+    assert core.key() == spec.key()
+    report = compare_outputs(run_graph(graph, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+
+
 # -- instruction sets ------------------------------------------------------------------------------
 
 

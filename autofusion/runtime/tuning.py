@@ -308,24 +308,22 @@ def core_graph(spec: CoreSpec) -> tuple[Graph, dict[str, np.ndarray]]:
         if not spec.packable:
             return b.build([y]), {"x": rng.standard_normal(xs).astype(np.float32), "w": weight}
         shape = xs
-    elif not spec.packable and spec.calls == 1:  # B given at run time (training): each operand as stored
-        a_shape = (spec.k, spec.m) if spec.a_transposed else (spec.m, spec.k)
-        b_shape = (spec.n, spec.k) if spec.b_transposed else (spec.k, spec.n)
+    elif not spec.packable:  # B given at run time: a training graph's weight, attention's K^T or V
+        lead = (spec.calls,) if spec.calls > 1 else ()  # a batch of products (attention)
+        swap = [*range(len(lead)), len(lead) + 1, len(lead)]
+        a_shape = (*lead, *((spec.k, spec.m) if spec.a_transposed else (spec.m, spec.k)))
+        b_shape = (*lead, *((spec.n, spec.k) if spec.b_transposed else (spec.k, spec.n)))
         x, w = b.input("x", a_shape), b.input("w", b_shape)
-        a = b.op("Transpose", x, perm=[1, 0]) if spec.a_transposed else x
-        bb = b.op("Transpose", w, perm=[1, 0]) if spec.b_transposed else w
+        a = b.op("Transpose", x, perm=swap) if spec.a_transposed else x
+        bb = b.op("Transpose", w, perm=swap) if spec.b_transposed else w
         return b.build([b.op("MatMul", a, bb)]), {"x": rng.standard_normal(a_shape).astype(np.float32),
                                                    "w": rng.standard_normal(b_shape).astype(np.float32)}
-    elif not spec.packable:  # a product of two activations (attention): a batch of both operands
-        x, w = b.input("x", (spec.calls, spec.m, spec.k)), b.input("w", (spec.calls, spec.k, spec.n))
-        g = b.build([b.op("MatMul", x, w)])
-        return g, {"x": rng.standard_normal((spec.calls, spec.m, spec.k)).astype(np.float32),
-                   "w": rng.standard_normal((spec.calls, spec.k, spec.n)).astype(np.float32)}
     else:
         rows = spec.m * spec.calls
-        x = b.input("x", (rows, spec.k))
-        y = b.op("MatMul", x, b.const((rng.standard_normal((spec.k, spec.n)) * 0.05).astype(np.float32)))
-        shape = (rows, spec.k)
+        shape = (spec.k, rows) if spec.a_transposed else (rows, spec.k)
+        x = b.input("x", shape)
+        a = b.op("Transpose", x, perm=[1, 0]) if spec.a_transposed else x
+        y = b.op("MatMul", a, b.const((rng.standard_normal((spec.k, spec.n)) * 0.05).astype(np.float32)))
     return b.build([y]), {"x": rng.standard_normal(shape).astype(np.float32)}
 
 
