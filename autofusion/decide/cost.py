@@ -336,12 +336,13 @@ def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeW
     waiting, free = _cores_by_dependence(graph, nodes, work)
     readers: dict[str, int] = {}
     ahead: dict[str, int] = {}  # reads by cores that wait for no other core
-    for n in waiting + free:
-        for i in dict.fromkeys(by_name[n].inputs):
-            if i:
-                readers[i] = readers.get(i, 0) + 1
-                if n in free:
-                    ahead[i] = ahead.get(i, 0) + 1
+    for cores, free_core in ((waiting, False), (free, True)):
+        for n in cores:
+            for i in dict.fromkeys(by_name[n].inputs):
+                if i:
+                    readers[i] = readers.get(i, 0) + 1
+                    if free_core:
+                        ahead[i] = ahead.get(i, 0) + 1
     in_turn = bool(waiting) and any(count > 1 for count in readers.values())
     reread = const = 0
     for t, nbytes in read.items():
