@@ -41,9 +41,9 @@ def runners(graph: Any, device: str) -> tuple[dict[str, Callable[[], object]], d
     import torch
 
     from autofusion.api import optimize
-    from autofusion.bench.to_torch import to_torch_module
     from autofusion.ir import run_graph
     from autofusion.models import random_inputs
+    from autofusion.runtime.torch_ops import to_torch_module
     from autofusion.runtime.triton_runner import TritonModel
 
     feeds = random_inputs(graph)

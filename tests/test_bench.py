@@ -334,8 +334,8 @@ def test_limit_threads_sets_every_pool() -> None:
 def test_torch_conversion_matches_the_reference(model: str) -> None:
     import torch
 
-    from autofusion.bench.to_torch import numpy_outputs, to_torch_module, torch_feeds
     from autofusion.runtime import compare_outputs
+    from autofusion.runtime.torch_ops import numpy_outputs, to_torch_module, torch_feeds
 
     g = models.build(model)
     feeds = models.random_inputs(g)
@@ -347,8 +347,8 @@ def test_torch_conversion_matches_the_reference(model: str) -> None:
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_torch_conversion_names_the_op_it_lacks() -> None:
-    from autofusion.bench.to_torch import UnsupportedOpError, to_torch_module
     from autofusion.ir import GraphBuilder
+    from autofusion.runtime.torch_ops import UnsupportedOpError, to_torch_module
 
     b = GraphBuilder("g")
     x = b.input("x", (2, 3))

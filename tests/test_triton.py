@@ -444,3 +444,26 @@ def test_a_pooled_group_with_ops_after_the_pool_splits_at_the_pool() -> None:
     feeds = feeds_for(g)
     for name, ref in run_graph(g, feeds).items():
         np.testing.assert_allclose(model(feeds)[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_an_op_without_a_triton_kernel_runs_as_torchs_op_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pow and Concat have no Triton kernel: in a fused group split per op, and alone, they run as
+    torch's own ops on the device (``on_torch`` says which and why), never through the host; an op
+    torch has no conversion for (the clipped LSTM above) still does."""
+    from autofusion.api import optimize
+
+    rng = np.random.default_rng(8)
+    b = GraphBuilder("no_triton_kernel")
+    x, e, z = b.input("x", (3, 5)), b.input("e", (3, 5)), b.input("z", (3, 2))
+    y = b.op("Concat", b.op("Relu", b.op("Add", b.op("Pow", b.op("Abs", x), e), x)), z, axis=1)
+    g = b.build([y])
+    plan = optimize(g)
+    model = TritonModel(plan)
+    ops = {g.node_by_name[n].op for name in model.on_torch for s in model.steps if s.group.name == name
+           for n in s.group.nodes}
+    assert ops == {"Pow", "Concat"} and not model.fallbacks
+    assert all("not supported by the Triton backend" in why for why in model.on_torch.values())
+    monkeypatch.setattr(model, "_run_reference", lambda *args: pytest.fail("a group ran on the host"))
+    feeds = {"x": rng.standard_normal((3, 5)).astype(np.float32), "e": rng.integers(1, 3, (3, 5)).astype(np.float32),
+             "z": rng.standard_normal((3, 2)).astype(np.float32)}
+    np.testing.assert_allclose(model(feeds)[y], run_graph(g, feeds)[y], rtol=1e-5, atol=1e-6)

@@ -179,7 +179,7 @@ def _import_torch() -> Any:
 
 def _torch_module(setup: BenchSetup) -> tuple[Any, Any, tuple[Any, ...]]:
     torch = _import_torch()
-    from autofusion.bench.to_torch import UnsupportedOpError, to_torch_module, torch_feeds
+    from autofusion.runtime.torch_ops import UnsupportedOpError, to_torch_module, torch_feeds
 
     torch.set_num_threads(setup.threads)
     try:
@@ -190,8 +190,8 @@ def _torch_module(setup: BenchSetup) -> tuple[Any, Any, tuple[Any, ...]]:
 
 
 def _torch_eager(setup: BenchSetup) -> Runner:
-    torch, module, args = _torch_module(setup)  # first: says "not installed" before to_torch imports torch
-    from autofusion.bench.to_torch import numpy_outputs
+    torch, module, args = _torch_module(setup)  # first: says "not installed" before torch_ops imports torch
+    from autofusion.runtime.torch_ops import numpy_outputs
 
 
     def call() -> Outputs:
@@ -204,8 +204,8 @@ def _torch_eager(setup: BenchSetup) -> Runner:
 
 
 def _torch_compile(setup: BenchSetup) -> Runner:
-    torch, module, args = _torch_module(setup)  # first: says "not installed" before to_torch imports torch
-    from autofusion.bench.to_torch import numpy_outputs
+    torch, module, args = _torch_module(setup)  # first: says "not installed" before torch_ops imports torch
+    from autofusion.runtime.torch_ops import numpy_outputs
 
     metrics: Any = None
     try:

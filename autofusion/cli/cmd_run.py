@@ -188,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         out.line(f"triton on {triton['device']}: {triton['kernels']} kernels")
         for group, why in triton["split"].items():
             out.line(f"  {group}: one kernel per op ({why})")
+        for group, why in triton["torch"].items():
+            out.line(f"  {group}: torch's op on the device ({why})")
         for group, why in triton["host"].items():
             out.line(f"  {group}: on the host with the reference ops ({why})")
     if profile is not None:
@@ -271,7 +273,8 @@ def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, fl
     outputs = model(feeds)
     host = dict(model.fallbacks)
     return outputs, start, {"device": "cpu (Triton's interpreter)" if interpreted else torch.cuda.get_device_name(),
-                            "kernels": len(model.kernels), "split": dict(model.split), "host": host}
+                            "kernels": len(model.kernels), "split": dict(model.split), "torch": dict(model.on_torch),
+                            "host": host}
 
 
 def _num(v: Any) -> str:

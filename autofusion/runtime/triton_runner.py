@@ -2,10 +2,11 @@
 
 A group the Triton backend cannot render as one kernel runs as several, on the device: a convolution
 with a pooling epilogue as the convolution with its epilogue and then the pooling op, any other group
-as one Triton kernel per op; only ops without any Triton kernel run with the op registry's reference
-implementations (the same numpy
-code as :func:`autofusion.ir.run_graph`, on the host). A group of views (Reshape, Flatten, Squeeze...)
-needs no kernel: its outputs are its input's tensor in their shapes, on the device. With ``fallback=False`` the first group
+as one Triton kernel per op; an op without any Triton kernel runs as torch's own op on the device
+(:mod:`autofusion.runtime.torch_ops`), and only an op torch has no conversion for runs with the op
+registry's reference implementation (the same numpy code as :func:`autofusion.ir.run_graph`, on the
+host). A group of views (Reshape, Flatten, Squeeze...) needs no kernel: its outputs are its input's
+tensor in their shapes, on the device. With ``fallback=False`` the first group
 that is not one kernel is refused with its CodegenError instead.
 Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on the CPU.
 
@@ -50,9 +51,10 @@ def _launch_guard() -> contextlib.AbstractContextManager[object]:
 @dataclass(frozen=True)
 class _Step:
     group: FusedGroup
-    kernel: TritonKernel | None  # None: views of a tensor on the device, or the reference ops on the host
+    kernel: TritonKernel | None  # None: views, torch ops on the device, or the reference ops on the host
     launch: Any = None
     reason: str = ""
+    torch: bool = False  # no Triton kernel: torch's ops on the device
 
 
 def per_op_groups(graph: Graph, group: FusedGroup, registry: OpRegistry) -> list[FusedGroup]:
@@ -157,9 +159,20 @@ class TritonModel:
             try:
                 steps.append(self._step(part))
             except CodegenError as e:
-                on_host.add(node)
-                steps.append(_Step(part, None, reason=str(e)))  # the reference computes all its outputs
+                on_host.add(node)  # torch or the reference computes all its outputs at once
+                steps.append(_Step(part, None, reason=str(e), torch=self._torch_runs(part)))
         return steps
+
+    def _torch_runs(self, group: FusedGroup) -> bool:
+        """Whether torch has a conversion for every op of ``group``."""
+        from autofusion.runtime.torch_ops import UnsupportedOpError, lower
+
+        try:
+            for name in group.nodes:
+                lower(self.plan.graph.node_by_name[name], self.plan.graph)
+        except UnsupportedOpError:
+            return False
+        return True
 
     @property
     def kernels(self) -> tuple[TritonKernel, ...]:
@@ -168,7 +181,13 @@ class TritonModel:
     @property
     def fallbacks(self) -> Mapping[str, str]:
         """Groups (or ops of a split group) run with the reference ops on the host, with the reason."""
-        return {s.group.name: s.reason for s in self.steps if s.kernel is None and s.group.template != "view"}
+        return {s.group.name: s.reason for s in self.steps
+                if s.kernel is None and not s.torch and s.group.template != "view"}
+
+    @property
+    def on_torch(self) -> Mapping[str, str]:
+        """Ops with no Triton kernel run by torch's own ops on the device, with the reason."""
+        return {s.group.name: s.reason for s in self.steps if s.torch}
 
     def _load(self, kernel: TritonKernel) -> ModuleType:
         path = self._dir / f"{kernel.name}.py"
@@ -213,6 +232,9 @@ class TritonModel:
             if step.group.template == "view":
                 self._run_views(step.group, env)
                 continue
+            if step.torch:
+                self._run_torch(step.group, env)
+                continue
             if step.kernel is None:
                 self._run_reference(step.group, env)
                 continue
@@ -231,6 +253,16 @@ class TritonModel:
             for out in node.outputs:
                 if out:
                     env[out] = env[node.inputs[0]].reshape(graph.type_of(out).shape)
+
+    def _run_torch(self, group: FusedGroup, env: dict[str, Any]) -> None:
+        from autofusion.runtime.torch_ops import run_node
+
+        graph = self.plan.graph
+        for name in group.nodes:
+            node = graph.node_by_name[name]
+            for out, value in zip(node.outputs, run_node(node, graph, env)):
+                if out:
+                    env[out] = value
 
     def _run_reference(self, group: FusedGroup, env: dict[str, Any]) -> None:
         import torch

@@ -1,4 +1,6 @@
-"""An IR graph as a ``torch.fx.GraphModule``: one torch call per IR op, weights as buffers.
+"""IR ops as torch calls: a whole graph as a ``torch.fx.GraphModule`` (one torch call per IR op,
+weights as buffers: the benchmarks' torch_eager runner), or one node at a time on tensors wherever
+they live (the Triton runner's ops that have no Triton kernel, on the device).
 
 Imports torch at module level: import this module only where torch is installed (the benchmark
 runners do so lazily). Shapes are static, so shape-only ops (Reshape, Expand, Flatten, Cast's
@@ -10,7 +12,7 @@ target type) take their result type from the IR instead of reading shape tensors
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -214,6 +216,20 @@ def _lower_window(node: Node, graph: Graph) -> Lowered:
     return _max_pool, {**common, "kernel": w.kernel, "ceil_mode": ceil_mode}
 
 
+def node_inputs(node: Node) -> tuple[str, ...]:
+    """The inputs the torch call of ``node`` takes (shape-only inputs come from the IR types)."""
+    return node.inputs[:1] if node.op in _FIRST_INPUT_ONLY else node.inputs
+
+
+def run_node(node: Node, graph: Graph, values: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+    """``node``'s outputs (None for an unused one) computed by torch from ``values``, on the tensors'
+    device; UnsupportedOpError for an op with no torch conversion."""
+    fn, kwargs = lower(node, graph)
+    result = fn(*(values[t] if t else None for t in node_inputs(node)), **kwargs)
+    results = tuple(result) if len(node.outputs) > 1 else (result,)
+    return tuple(r if out else None for r, out in zip(results, node.outputs))
+
+
 def to_torch_module(graph: Graph) -> torch.fx.GraphModule:
     """``graph`` as a GraphModule taking the graph inputs positionally, returning a tuple of outputs."""
     fx = torch.fx.Graph()
@@ -228,8 +244,7 @@ def to_torch_module(graph: Graph) -> torch.fx.GraphModule:
         env[name] = fx.get_attr(attr)
     for node in graph.nodes:
         fn, kwargs = lower(node, graph)
-        inputs = node.inputs[:1] if node.op in _FIRST_INPUT_ONLY else node.inputs
-        args = tuple(env[t] if t else None for t in inputs)
+        args = tuple(env[t] if t else None for t in node_inputs(node))
         result = fx.call_function(fn, args, kwargs)
         outputs = [o for o in node.outputs]
         if len(outputs) == 1:
