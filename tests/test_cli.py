@@ -144,10 +144,10 @@ def test_run_binds_a_dynamic_onnx_model_from_its_inputs_file(capsys: pytest.Capt
         want = np.maximum(feeds["input:x"] @ w + feeds["input:bias"], 0)
         np.testing.assert_allclose(np.load(saved)["output:y"], want, rtol=1e-5, atol=1e-6)
     code, _, err = cli(capsys, "run", str(path), "--inputs", str(inputs), "--dim", "seq=4")
-    assert code == 2 and "--dim seq=4, but the inputs file" in err and "has seq = 9" in err
+    assert code == 2 and "dimension 'seq' is bound to 4, but input 'x' (axis 1) has 9" in err
     np.savez(inputs, **{**feeds, "input:bias": np.zeros((3, 1, 3), np.float32)})
     code, _, err = cli(capsys, "run", str(path), "--inputs", str(inputs))
-    assert code == 2 and "'batch' is 1 in input 'x'" in err and "Traceback" not in err
+    assert code == 2 and "'batch' is 1 in input 'x' (axis 0) but 3 in input 'bias'" in err and "Traceback" not in err
 
 
 def test_saved_file_feeds_a_later_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -89,26 +89,25 @@ def test_unbound_symbolic_dims_name_themselves_and_the_fix() -> None:
     assert graph.types["x"].shape == (2, 3, 5) and graph.types["y"].shape == (2, 3, 5)
 
 
-def test_dims_are_read_off_the_arrays_given_for_the_inputs() -> None:
+def test_dims_are_read_off_the_feeds_given_for_the_inputs() -> None:
     """A model exported with dynamic axes is bound by the feeds of a run: named and unnamed
-    dimensions from every input, and a clear error for an array of another rank, a fixed
-    dimension of another size, or one symbol given two sizes."""
-    from autofusion.frontends import dims_from_arrays
-
+    dimensions from every input, ``dims`` first, and a clear error for an array of another rank, a
+    fixed dimension of another size, one symbol given two sizes, or feeds that contradict ``dims``."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
     bias = helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["batch", None, 4])
     model = _model([helper.make_node("Add", ["x", "bias"], ["y"])], [x, bias], ["y"])
-    arrays = {"x": np.zeros((2, 5, 4), np.float32), "bias": np.zeros((2, 1, 4), np.float32)}
-    dims = dims_from_arrays(model, arrays)
-    assert dims == {"batch": 2, "seq": 5, "bias[1]": 1}
-    assert load_onnx(model, dims=dims).types["y"].shape == (2, 5, 4)
-    assert dims_from_arrays(model, {"x": arrays["x"]}) == {"batch": 2, "seq": 5}  # bias not given: skipped
-    with pytest.raises(OnnxImportError, match=r"'batch' is 2 in input 'x' \(axis 0\) but 3 in input 'bias'"):
-        dims_from_arrays(model, {**arrays, "bias": np.zeros((3, 1, 4), np.float32)})
-    with pytest.raises(OnnxImportError, match=r"'x' is given as \[2, 5, 5\], the model declares \['batch', 'seq', 4\]: axis 2 is fixed at 4"):
-        dims_from_arrays(model, {"x": np.zeros((2, 5, 5), np.float32)})
-    with pytest.raises(OnnxImportError, match=r"'x' is given as \[2, 5\], the model declares .*: 3 dimension"):
-        dims_from_arrays(model, {"x": np.zeros((2, 5), np.float32)})
+    feeds = {"x": np.zeros((2, 5, 4), np.float32), "bias": np.zeros((2, 1, 4), np.float32)}
+    graph = load_onnx(model, feeds=feeds)
+    assert graph.types["x"].shape == (2, 5, 4) and graph.types["bias"].shape == (2, 1, 4)
+    assert load_onnx(model, dims={"bias[1]": 5}, feeds={"x": feeds["x"]}).types["y"].shape == (2, 5, 4)
+    assert "'bias[1]'" in _error(model, feeds={"x": feeds["x"]})  # bias not given: its own dim unbound
+    msg = _error(model, feeds={**feeds, "bias": np.zeros((3, 1, 4), np.float32)})
+    assert "dimension 'batch' is 2 in input 'x' (axis 0) but 3 in input 'bias' (axis 0)" in msg
+    msg = _error(model, feeds={"x": np.zeros((2, 5, 5), np.float32)})
+    assert "'x' is given as [2, 5, 5], the model declares ['batch', 'seq', 4]: axis 2 is fixed at 4" in msg
+    assert "'x' is given as [2, 5], the model declares" in _error(model, feeds={"x": np.zeros((2, 5), np.float32)})
+    msg = _error(model, dims={"seq": 4}, feeds=feeds)
+    assert "dimension 'seq' is bound to 4, but input 'x' (axis 1) has 5" in msg
 
 
 def test_unnamed_dynamic_dim_is_bound_by_input_and_axis() -> None:

@@ -13,15 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.cli.common import (
-    CliError,
-    Output,
-    add_model_arguments,
-    is_onnx_path,
-    json_number,
-    load_model,
-    parse_dims,
-)
+from autofusion.cli.common import CliError, Output, add_model_arguments, json_number, load_model
 from autofusion.cli.tuning_args import add_tune_argument, tune_progress, tune_wanted
 from autofusion.ir import Graph
 
@@ -121,23 +113,6 @@ def save_npz(path: str, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, n
     return target
 
 
-def _dims_of_inputs(args: argparse.Namespace, arrays: Mapping[str, np.ndarray] | None) -> dict[str, int]:
-    """An .onnx model's symbolic dimensions as the inputs file holds them (a model exported with
-    dynamic axes runs at whatever sizes its inputs have); a --dim that says otherwise is an error."""
-    if arrays is None or not is_onnx_path(args.model):
-        return {}
-    from autofusion.frontends.onnx_import import OnnxImportError, dims_from_arrays
-
-    try:
-        bound = dims_from_arrays(args.model, given_inputs(arrays))
-    except OnnxImportError as e:
-        raise CliError(f"inputs file {args.inputs}: {e}") from None
-    for name, value in parse_dims(args.dim).items():
-        if name in bound and bound[name] != value:
-            raise CliError(f"--dim {name}={value}, but the inputs file {args.inputs} has {name} = {bound[name]}")
-    return bound
-
-
 def run(args: argparse.Namespace) -> int:
     from autofusion.ir import run_graph
     from autofusion.models import random_inputs
@@ -146,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if args.save and Path(args.save).is_dir():
         raise CliError(f"--save {args.save} is a directory; give a file name")
     arrays = read_npz_inputs(args.inputs) if args.inputs else None
-    loaded = load_model(args, seed=args.seed, bound=_dims_of_inputs(args, arrays))
+    # a model exported with dynamic axes runs at whatever sizes the inputs file holds
+    loaded = load_model(args, seed=args.seed, feeds=given_inputs(arrays) if arrays is not None else None)
     graph = loaded.graph
     feeds = checked_inputs(args.inputs, arrays, graph) if arrays is not None else random_inputs(graph, seed=args.seed)
     if args.profile and args.backend != "c":

@@ -64,21 +64,27 @@ def load_onnx(
     registry: OpRegistry | None = None,
     base_dir: str | os.PathLike[str] | None = None,
     values: Mapping[str, Any] | None = None,
+    feeds: Mapping[str, Any] | None = None,
 ) -> Graph:
     """Import an ONNX model (file path, bytes or ``onnx.ModelProto``) as a verified IR graph.
 
     ``dims`` binds symbolic dimensions by name (``{"batch": 1, "seq": 128}``); a dimension without a
-    name is bound as ``"INPUT[AXIS]"``. ``values`` fixes graph inputs to constant arrays (needed when
-    a shape depends on an input's value, e.g. Expand's target shape fed as an input); they are no
-    longer graph inputs. ``base_dir`` locates external data for bytes or protos.
+    name is bound as ``"INPUT[AXIS]"``. ``feeds`` (arrays for some or all of the inputs, as a run
+    will pass them) bind the rest from their shapes: see :func:`dims_of_feeds`. ``values`` fixes
+    graph inputs to constant arrays (needed when a shape depends on an input's value, e.g. Expand's
+    target shape fed as an input); they are no longer graph inputs. ``base_dir`` locates external
+    data for bytes or protos.
     """
     registry = registry or default_registry()
     model, where = load_model(source, base_dir)
     opset = default_opset(model)
     model, legacy = upgrade_opset(model, where)
+    bound = dict(dims or {})
+    for name, (size, seen) in dims_of_feeds(model.graph, feeds or {}).items():
+        if bound.setdefault(name, size) != size:
+            raise OnnxImportError(f"dimension {name!r} is bound to {bound[name]}, but {seen} has {size}")
     try:
-        return _import_graph(model.graph, dict(dims or {}), registry, where, dict(values or {}),
-                             _Opset(opset, legacy))
+        return _import_graph(model.graph, bound, registry, where, dict(values or {}), _Opset(opset, legacy))
     except OnnxImportError:
         raise
     except (ShapeError, UnknownOpError, VerifyError) as e:
@@ -87,21 +93,17 @@ def load_onnx(
         raise OnnxImportError(f"{where}: cannot import: {type(e).__name__}: {e}") from None
 
 
-def dims_from_arrays(source: ModelSource, arrays: Mapping[str, Any],
-                     base_dir: str | os.PathLike[str] | None = None) -> dict[str, int]:
-    """Bindings of the model's symbolic input dimensions read off arrays given for its inputs (the
-    feeds of a run): each named dimension, or ``INPUT[AXIS]`` for an unnamed one, takes the size
-    the array has on that axis. Inputs without an array are skipped. An array of another rank, a
-    fixed dimension of another size, or a symbol given two sizes is an OnnxImportError naming the
-    input and axis."""
-    model, _ = load_model(source, base_dir)
-    initializers = {t.name for t in model.graph.initializer}
-    dims: dict[str, int] = {}
-    seen: dict[str, str] = {}  # symbol -> the input and axis that bound it
-    for v in model.graph.input:
-        if v.name in initializers or v.name not in arrays or not v.type.tensor_type.HasField("shape"):
+def dims_of_feeds(graph: onnx.GraphProto, feeds: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
+    """Each symbolic input dimension read off the arrays ``feeds`` gives for the graph's inputs: by
+    name, or ``INPUT[AXIS]`` for an unnamed one, its size and the input and axis it came from.
+    Inputs without an array are skipped. An array of another rank, a fixed dimension of another size,
+    or a symbol given two sizes is an OnnxImportError naming the input and axis."""
+    initializers = {t.name for t in graph.initializer}
+    dims: dict[str, tuple[int, str]] = {}
+    for v in graph.input:
+        if v.name in initializers or v.name not in feeds or not v.type.tensor_type.HasField("shape"):
             continue
-        shape = tuple(np.shape(arrays[v.name]))
+        shape = tuple(np.shape(feeds[v.name]))
         declared = v.type.tensor_type.shape.dim
         spelled = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in declared]
         if len(shape) != len(declared):
@@ -114,10 +116,10 @@ def dims_from_arrays(source: ModelSource, arrays: Mapping[str, Any],
                                           f"{spelled}: axis {axis} is fixed at {d.dim_value}")
                 continue
             key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{v.name}[{axis}]"
-            if key in dims and dims[key] != size:
-                raise OnnxImportError(f"dimension {key!r} is {dims[key]} in {seen[key]} but {size} in input "
-                                      f"{v.name!r} (axis {axis})")
-            dims[key], seen[key] = int(size), f"input {v.name!r} (axis {axis})"
+            here = f"input {v.name!r} (axis {axis})"
+            if key in dims and dims[key][0] != size:
+                raise OnnxImportError(f"dimension {key!r} is {dims[key][0]} in {dims[key][1]} but {size} in {here}")
+            dims.setdefault(key, (int(size), here))
     return dims
 
 
