@@ -229,10 +229,7 @@ class TritonModel:
         graph = self.plan.graph
         env: dict[str, Any] = {**self._weights, **feeds}
         for step in self.steps:
-            if step.group.template == "view":
-                self._run_views(step.group, env)
-                continue
-            if step.torch:
+            if step.torch or step.group.template == "view":  # a view is its input reshaped, no copy
                 self._run_torch(step.group, env)
                 continue
             if step.kernel is None:
@@ -243,16 +240,6 @@ class TritonModel:
                 env[t] = torch.empty(tt.shape, dtype=getattr(torch, tt.dtype.value), device=self.device)
             step.launch(*(env[t].contiguous() for t in step.kernel.params))
         return {o: env[o] for o in graph.outputs}
-
-    def _run_views(self, group: FusedGroup, env: dict[str, Any]) -> None:
-        """Each view op's output: its data input's tensor in the output's shape (a view op keeps the
-        data and its row-major order), on the device, without a copy where the input is contiguous."""
-        graph = self.plan.graph
-        for name in group.nodes:
-            node = graph.node_by_name[name]
-            for out in node.outputs:
-                if out:
-                    env[out] = env[node.inputs[0]].reshape(graph.type_of(out).shape)
 
     def _run_torch(self, group: FusedGroup, env: dict[str, Any]) -> None:
         from autofusion.runtime.torch_ops import run_node
