@@ -32,10 +32,10 @@ from autofusion.kinds.builtin import LOOKAHEAD_STEPS
 
 UNITS = PACK_NR // 4  # hidden units per panel: four gates each
 MAX_BATCH = 256  # each thread's tile of gates, batch x 32 floats, lives on its stack
-# input projections are computed LOOKAHEAD_STEPS steps at once when W_ih is larger than half of L2:
-# W_ih streamed once per 4 steps (the built-in lstm, hidden 512: 6 -> 4.5 MiB of weights per step);
-# 8 or 16 were not measurably faster and hold 2-4x the block
-MAX_PROJECTION_BYTES = 1 << 20  # a thread's block of projections at most (a larger batch projects step by step)
+# input projections are computed LOOKAHEAD_STEPS steps at once when W_ih is larger than half of L2
+# (the built-in lstm, hidden 512: 6 -> 4.5 MiB of weights streamed per step; 8 or 16 steps were not
+# measurably faster and hold 2-4x the block), unless a thread's block would exceed this
+MAX_PROJECTION_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -231,11 +231,12 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
             assert b is not None
             bias = bias + np.broadcast_to(np.asarray(b, np.float32), (4 * hidden,))
     b_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_bias", bias[perm].astype(np.float32))
+    step_bytes = batch * 4 * hidden * 4  # one step's input projections, every panel
     together = min(len(steps), LOOKAHEAD_STEPS) if w_x.size * 4 > k.chooser.machine.l2 // 2 else 1
-    if together * batch * 4 * hidden * 4 > MAX_PROJECTION_BYTES:
+    if together * step_bytes > MAX_PROJECTION_BYTES:
         together = 1
     if together > 1:  # each thread's panels' projections (all panels where it is the only thread)
-        k.per_thread(together * batch * 4 * hidden * 4)
+        k.per_thread(together * step_bytes)
     off_h = k.scratch(2 * batch * hidden * 4)
     off_c = k.scratch(batch * hidden * 4)
     outputs = set(k.group.outputs)
