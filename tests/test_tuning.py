@@ -190,7 +190,7 @@ def test_a_damaged_or_foreign_cache_is_ignored_with_a_warning(tmp_path: Path, da
         data["fingerprint"] = "0" * 64
         store.path.write_text(json.dumps(data))
     elif damage == "invalid_choice":
-        from autofusion.runtime.tuning import _checksum
+        from autofusion.runtime.entry_file import checksum as _checksum
 
         next(iter(data["entries"].values()))["impl"] = "mkl"
         data["checksum"] = _checksum(data["entries"])
@@ -496,7 +496,7 @@ def test_a_deeply_nested_cache_file_is_ignored_too(tmp_path: Path) -> None:
 
 
 def test_a_stored_choice_the_core_cannot_take_is_not_forced(tmp_path: Path) -> None:
-    from autofusion.runtime.tuning import _checksum
+    from autofusion.runtime.entry_file import checksum as _checksum
 
     store = _stored(tmp_path)
     data = json.loads(store.path.read_text())

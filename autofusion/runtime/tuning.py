@@ -20,13 +20,10 @@ at most each other's new entries, never see half a file.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import json
 import math
 import os
-import tempfile
 import threading
 import time
 import warnings
@@ -53,6 +50,7 @@ from autofusion.decide.plan import Plan
 from autofusion.graph.graph import Graph
 from autofusion.ir import GraphBuilder
 from autofusion.runtime.cache import CompileCache
+from autofusion.runtime.entry_file import EntryFile
 from autofusion.runtime.toolchain import Toolchain
 
 FORMAT = 1
@@ -111,6 +109,7 @@ class TuningStore:
     def __init__(self, cache: CompileCache, toolchain: Toolchain, machine: Machine) -> None:
         self.fingerprint = hashlib.sha256(f"{FORMAT}|{toolchain.key}|{machine}|{_kernels_digest()}".encode()).hexdigest()
         self.path = cache.root / "tuning" / f"{self.fingerprint[:24]}.json"
+        self.file = EntryFile(self.path, self.fingerprint, FORMAT, _valid_entry)
         self.machine = machine
         self.entries: dict[str, dict[str, Any]] = {}
         self.problem = ""  # why the file on disk was ignored, if it was
@@ -143,60 +142,19 @@ class TuningStore:
             "times_ms": {k: round(v, 4) for k, v in times_ms.items()}}
 
     def _load(self) -> None:
-        entries, why = self._read()
+        entries, why = self.file.read()
         if why:
             self.problem = f"tuning cache {self.path} {why}: ignored, cores are tuned again"
             warnings.warn(self.problem, TuningCacheWarning, stacklevel=3)
         self.entries = entries
 
-    def _read(self) -> tuple[dict[str, dict[str, Any]], str]:
-        """The file's entries, or none and why they cannot be trusted (nothing and "" when absent)."""
-        try:
-            text = self.path.read_bytes()
-        except FileNotFoundError:
-            return {}, ""
-        except OSError as e:
-            return {}, f"cannot be read ({e})"
-        try:
-            data = json.loads(text)
-            entries = data["entries"]
-            if data.get("format") != FORMAT:
-                return {}, f"has format {data.get('format')!r}, not {FORMAT}"
-            if data.get("fingerprint") != self.fingerprint:
-                return {}, "was written for another machine or compiler"
-            if data.get("checksum") != _checksum(entries):
-                return {}, "fails its checksum (edited or truncated)"
-            for key, entry in entries.items():
-                CoreChoice(entry["impl"], entry["kc"])  # raises on an invalid choice
-                if not isinstance(key, str):
-                    raise TypeError("key")
-            return dict(entries), ""
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-            return {}, f"is not a valid tuning file ({type(e).__name__}: {str(e)[:200]})"
-
     def save(self) -> None:
         """Write the entries, merged with what another process saved since this one loaded."""
         with self._lock:
-            entries = {**self._read()[0], **self.entries}  # a bad file was reported at load
-            self.entries = entries
-            data = {"format": FORMAT, "fingerprint": self.fingerprint, "cpu": cpu_model(), "isa": self.machine.isa,
-                    "l2": self.machine.l2, "entries": entries,
-                    "checksum": _checksum(entries)}
-            tmp = None
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-")
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(data, f, indent=1, sort_keys=True)
-                os.chmod(tmp, 0o644)  # a shared cache: readable by every user of it
-                os.replace(tmp, self.path)
-                tmp = None
-            except OSError as e:  # an unwritable cache costs a re-tune next time, not the run
-                warnings.warn(f"tuning cache {self.path} not written: {e}", TuningCacheWarning, stacklevel=2)
-            finally:
-                if tmp is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
+            about = {"cpu": cpu_model(), "isa": self.machine.isa, "l2": self.machine.l2}
+            self.entries, failed = self.file.save(self.entries, about)  # a bad file was reported at load
+        if failed:
+            warnings.warn(f"tuning cache {self.path} not written: {failed}", TuningCacheWarning, stacklevel=2)
 
 
 @functools.lru_cache(maxsize=1)
@@ -208,8 +166,8 @@ def _kernels_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _checksum(entries: Any) -> str:
-    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+def _valid_entry(key: str, entry: Any) -> None:
+    CoreChoice(entry["impl"], entry["kc"])  # raises on an invalid choice
 
 
 class Tuner:

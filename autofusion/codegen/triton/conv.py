@@ -10,6 +10,7 @@ computed on it before the store. 1-D convolutions run as 2-D ones of height 1.
 from __future__ import annotations
 
 from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.triton.configs import tile_configs
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.tindex import Index
 from autofusion.graph.graph import Node
@@ -19,10 +20,6 @@ from autofusion.ops.spatial import Window, window
 
 # the tile's own index variables (see templates/triton/conv_epilogue.py.j2)
 TILE_VECTORS = frozenset({"rm", "rn", "mask", "acc", "co", "ty", "tx"})
-
-
-def _tile(n: int, cap: int) -> int:
-    return min(cap, max(16, 1 << max(0, (n - 1).bit_length())))  # tl.dot needs 16 or more
 
 
 def _core(ex: Exprs) -> Node:
@@ -90,14 +87,13 @@ def render_conv(ex: Exprs, names: NameTable) -> dict[str, object]:
             raise ex.error(f"output {t!r} {list(g.type_of(t).shape)} is not of the Conv's shape {list(ys)}")
         off = f"n_img * {geo['m'] * geo['p']} + co * {geo['p']} + rm[:, None]"  # every tile row and column
         stores.append(f"tl.store({names(t)} + {off}, {ex.value(t, tile)}, mask=mask)")
-    bm, bn, bk = _tile(geo["p"], 64), _tile(geo["mg"], 64), _tile(geo["k"], 32)
     ops = " -> ".join(g.node_by_name[n].op for n in ex.group.nodes)
     summary = (f"Conv {core.name}: {list(g.type_of(core.inputs[0]).shape)} * {list(g.type_of(core.inputs[1]).shape)}"
                f" -> {list(ys)}, group {geo['groups']}, strides {list(win.strides)}, pads {list(win.pad_begin)}"
                f"+{list(win.pad_end)}, dilations {list(win.dilations)}; {ops}")
     return dict(template="conv_epilogue.py.j2", summary=c_comment_text(summary), x_ptr=names(core.inputs[0]),
                 w_ptr=names(core.inputs[1]), body=ex.lines, stores=stores,
-                grid=[geo["n_img"] * geo["groups"], -(-geo["p"] // bm), -(-geo["mg"] // bn)],
-                meta=[("BM", bm), ("BN", bn), ("BK", bk)], taps=geo["kh"] * geo["kw"],
+                grid=[geo["n_img"] * geo["groups"], f"triton.cdiv({geo['p']}, BM)", f"triton.cdiv({geo['mg']}, BN)"],
+                configs=tile_configs(geo["p"], geo["mg"], geo["k"]), taps=geo["kh"] * geo["kw"],
                 plane=geo["h"] * geo["w"], **geo)
 

@@ -7,13 +7,10 @@ import math
 
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.triton import tindex as ix
+from autofusion.codegen.triton.configs import tile_configs
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.tindex import Index
 from autofusion.graph.graph import Node
-
-
-def _tile(n: int, cap: int) -> int:
-    return min(cap, max(16, 1 << max(0, (n - 1).bit_length())))  # tl.dot needs 16 or more
 
 
 def _operand(ex: Exprs, tensor: str, idx: Index, mask: str, k_lines: list[str]) -> str:
@@ -119,10 +116,9 @@ def render_gemm(ex: Exprs, names: NameTable) -> dict[str, object]:
     batch_lines, bidx = _batch(out_shape)
     seg = _segment(ex, names, cores[0], list(ex.group.outputs), bidx)
     m, n, k = (int(seg[key]) for key in ("m", "n", "k"))  # type: ignore[call-overload]
-    bm, bn, bk = _tile(m, 64), _tile(n, 64), _tile(k, 32)
     return dict(template="gemm_epilogue.py.j2", batch_lines=batch_lines, **seg,
-                grid=[max(1, math.prod(out_shape[:-2])), -(-m // bm), -(-n // bn)],
-                meta=[("BM", bm), ("BN", bn), ("BK", bk)])
+                grid=[max(1, math.prod(out_shape[:-2])), f"triton.cdiv({m}, BM)", f"triton.cdiv({n}, BN)"],
+                configs=tile_configs(m, n, k))
 
 
 def _made_from(ex: Exprs, tensor: str, source: str) -> bool:
@@ -149,7 +145,10 @@ def render_horizontal(ex: Exprs, names: NameTable) -> dict[str, object]:
             raise ex.error(f"output {t!r} is computed from {len(found)} of the products, not one")
     m = shapes[0][-2]
     k_max = max(g.type_of(c.inputs[0]).shape[-1] for c in cores)
-    bm, bn, bk = _tile(m, 64), _tile(max(s[-1] for s in shapes), 64), _tile(k_max, 32)
+    # the products' column tiles are laid out along one grid axis: BN is fixed, BM and BK are tuned
+    configs = tile_configs(m, max(s[-1] for s in shapes), k_max)
+    bn = dict(configs[0])["BN"]
+    configs = tile_configs(m, bn, k_max, fixed_bn=bn)
     segments, start = [], 0
     for core, shape in zip(cores, shapes):
         seg = _segment(ex, names, core, [t for t, found in owners.items() if found[0] is core], bidx)
@@ -157,5 +156,4 @@ def render_horizontal(ex: Exprs, names: NameTable) -> dict[str, object]:
         segments.append(dict(seg, start=start, end=start + tiles))
         start += tiles
     return dict(template="horizontal_gemm.py.j2", batch_lines=batch_lines, segments=segments,
-                grid=[max(1, math.prod(shapes[0][:-2])), -(-m // bm), start],
-                meta=[("BM", bm), ("BN", bn), ("BK", bk)])
+                grid=[max(1, math.prod(shapes[0][:-2])), f"triton.cdiv({m}, BM)", start], configs=configs)

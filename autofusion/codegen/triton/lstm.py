@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from autofusion.codegen.lstm_cells import cell_steps, step_input
 from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.triton.configs import warps_configs
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.graph.graph import Node
 from autofusion.graph.types import DType
@@ -82,7 +83,8 @@ def render_lstm(ex: Exprs, names: NameTable) -> dict[str, object]:
                 x=names(inp(0)), w=names(inp(1)), r=names(inp(2)), b=names(inp(3)) if inp(3) else "",
                 h0=names(inp(5)) if inp(5) else "", c0=names(inp(6)) if inp(6) else "",
                 y=names(outputs[0]) if outputs[0] else "", y_h=names(outputs[1]) if outputs[1] else "",
-                y_c=names(outputs[2]) if outputs[2] else "", meta=[("BH", _block(hidden)), ("BD", _block(size))])
+                y_c=names(outputs[2]) if outputs[2] else "",
+                configs=warps_configs([("BH", _block(hidden)), ("BD", _block(size))]))
 
 
 def render_lstm_scan(ex: Exprs, names: NameTable) -> dict[str, object]:
@@ -125,4 +127,5 @@ def render_lstm_scan(ex: Exprs, names: NameTable) -> dict[str, object]:
     summary = f"LSTM cell over {len(steps)} steps: batch {batch}, input {size}, hidden {hidden}"
     return dict(template="lstm_cell.py.j2", summary=c_comment_text(summary), grid=[batch], hidden=hidden,
                 size=size, steps=step_ctx, w_x=names(w_x), w_h=names(w_h), biases=biases,
-                h0=names(first.h_in), c0=names(first.c_in), meta=[("BH", _block(hidden)), ("BD", _block(size))])
+                h0=names(first.h_in), c0=names(first.c_in),
+                configs=warps_configs([("BH", _block(hidden)), ("BD", _block(size))]))

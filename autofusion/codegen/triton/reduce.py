@@ -5,7 +5,7 @@ One program per row (the axes not reduced); one block covers the reduced axes. T
 input is computed inline (the pointwise prologue), the statistics with ``tl.sum``/``tl.max``, and
 every output that lines up with the row (the epilogue) is computed from them and stored.
 
-A row longer than MAX_BLOCK is walked in blocks of LOOP_BLOCK instead: one loop per statistic that
+A row longer than MAX_BLOCK is walked in blocks of BLOCK instead (configs.LOOP_BLOCKS): one loop per statistic that
 depends on the one before (a softmax's maximum, then its sum of exponentials; a layer norm's mean,
 then its variance), each accumulating a block of partial results, and a last loop computing and
 storing the outputs that line up with the row; the prologue is computed again in each loop.
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.reductions import _axes_of, is_identity_reduce
 from autofusion.codegen.triton import tindex as ix
+from autofusion.codegen.triton.configs import loop_configs, row_configs
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.tindex import Index
 from autofusion.graph.graph import Node
@@ -28,7 +29,6 @@ REDUCE_STATS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "R
 GLOBAL_POOLS = {"GlobalAveragePool": "mean", "GlobalMaxPool": "max"}  # reductions over the spatial axes
 ROW_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})
 MAX_BLOCK = 1 << 14  # one block per row up to this length; longer rows loop over blocks
-LOOP_BLOCK = 1 << 12
 
 
 def find_reduction(ex: Exprs) -> Node | None:
@@ -88,7 +88,7 @@ def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
     summary = f"{node.op} {node.name} over axes {list(axes)} of {x} {list(shape)}"
     return dict(template="reduction.py.j2", summary=c_comment_text(summary), rows=rows, length=length,
                 grid=[rows], index_lines=idx.row_lines + idx.j_lines, body=ex.lines, stores=stores,
-                meta=[("BLOCK", block)])
+                configs=row_configs(block))
 
 
 @dataclass(frozen=True)
@@ -245,10 +245,10 @@ def _render_looped(ex: Exprs, names: NameTable, node: Node, shape: tuple[int, ..
     # one value per row: after the loops
     fresh()
     stores = [idx.reduced_store(ex, names, t, x) for t in ex.group.outputs if ex.graph.type_of(t).shape != shape]
-    summary = f"{node.op} {node.name} over axes {list(axes)} of {x} {list(shape)}, in blocks of {LOOP_BLOCK}"
+    summary = f"{node.op} {node.name} over axes {list(axes)} of {x} {list(shape)}, in blocks of BLOCK"
     return dict(template="reduction_loop.py.j2", summary=c_comment_text(summary), rows=rows, length=length,
                 grid=[rows], row_lines=idx.row_lines, j_lines=idx.j_lines, loops=loops, body=ex.lines, stores=stores,
-                meta=[("BLOCK", LOOP_BLOCK)])
+                configs=loop_configs())
 
 
 def _affine(ex: Exprs, node: Node, shape: tuple[int, ...], full: Index, y: str) -> str:

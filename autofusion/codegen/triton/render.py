@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from autofusion.codegen.names import NameTable
 from autofusion.codegen.triton import reduce as red
 from autofusion.codegen.triton import tindex as ix
+from autofusion.codegen.triton.configs import Config, config, pointwise_configs
 from autofusion.codegen.triton.conv import render_conv
 from autofusion.codegen.triton.exprs import Exprs
 from autofusion.codegen.triton.gemm import render_gemm
@@ -27,17 +28,22 @@ from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
 BACKEND = "triton"
-POINTWISE_BLOCK = 128
 
 
 @dataclass(frozen=True)
 class TritonKernel:
-    """One rendered kernel: ``source`` defines ``name`` (the jit function) and ``launch(*params)``."""
+    """One rendered kernel: ``source`` defines ``name`` (the jit function) and ``launch(*params,
+    **config)``, which runs with any configuration of ``configs`` (the first when none is given)."""
 
     name: str
     group: FusedGroup
     source: str
     params: tuple[str, ...]  # tensor names, in the order launch() takes them
+    configs: tuple[Config, ...]  # block sizes and warps it can launch with, the default first
+
+    @property
+    def default(self) -> Config:
+        return self.configs[0]
 
 
 def group_comment(group: FusedGroup) -> str:
@@ -69,7 +75,12 @@ def render_triton_group(graph: Graph, group: FusedGroup, templates: TritonTempla
             raise ex.error("op is not in the op registry", graph.node_by_name[n])
     ctx: dict[str, object] = dict(comment=group_comment(group), name=py_ident(group.name, "k_"), params=idents)
     ctx.update(renderer(ex, names))
-    return TritonKernel(str(ctx["name"]), group, templates.render(str(ctx.pop("template")), **ctx), params)
+    # a renderer that returns only ``meta`` (a plugin's, written before configurations) has one
+    configs: tuple[Config, ...] = ctx.pop("configs", None) or (config(ctx.pop("meta", ())),)  # type: ignore[assignment,arg-type]
+    default = dict(configs[0])
+    ctx["warps"] = default.pop("num_warps")
+    ctx["meta"] = list(default.items())
+    return TritonKernel(str(ctx["name"]), group, templates.render(str(ctx.pop("template")), **ctx), params, configs)
 
 
 def render_loop_nest(ex: Exprs, names: NameTable) -> dict[str, object]:
@@ -120,6 +131,5 @@ def _render_pointwise(ex: Exprs, names: NameTable) -> dict[str, object]:
         index_of[shape] = tuple(idx)
     stores = [f"tl.store({names(t)} + offs, {ex.value(t, index_of[ex.graph.type_of(t).shape])}, mask=mask)"
               for t in ex.group.outputs]
-    return dict(template="pointwise.py.j2", numel=numel, block=POINTWISE_BLOCK,
-                grid=[max(1, -(-numel // POINTWISE_BLOCK))], index_lines=index_lines, body=ex.lines, stores=stores,
-                meta=[("BLOCK", POINTWISE_BLOCK)])
+    return dict(template="pointwise.py.j2", numel=numel, grid=[f"triton.cdiv({numel}, BLOCK)"],
+                index_lines=index_lines, body=ex.lines, stores=stores, configs=pointwise_configs(numel))

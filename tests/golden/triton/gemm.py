@@ -27,5 +27,6 @@ def k_g0(t_a, t_const_1, t_const_2, t_relu_5_out, BM: tl.constexpr, BN: tl.const
     tl.store(t_relu_5_out + b0 * 360 + rm[:, None] * 18 + rn[None, :], v5, mask=mask)
 
 
-def launch(t_a, t_const_1, t_const_2, t_relu_5_out):
-    k_g0[(2, 1, 1,)](t_a, t_const_1, t_const_2, t_relu_5_out, BM=32, BN=32, BK=32)
+def launch(t_a, t_const_1, t_const_2, t_relu_5_out, BM=32, BN=32, BK=32, num_warps=4):
+    # the grid follows the block sizes: any configuration of the kernel's list runs (codegen/triton/configs.py)
+    k_g0[(2, triton.cdiv(20, BM), triton.cdiv(18, BN),)](t_a, t_const_1, t_const_2, t_relu_5_out, BM=BM, BN=BN, BK=BK, num_warps=num_warps)

@@ -39,5 +39,6 @@ def k_g0(t_x, t_y, t_const_2, t_const_8, t_sub_12_out, t_transpose_11_out, BLOCK
     tl.store(t_transpose_11_out + offs, v21, mask=mask)
 
 
-def launch(t_x, t_y, t_const_2, t_const_8, t_sub_12_out, t_transpose_11_out):
-    k_g0[(1,)](t_x, t_y, t_const_2, t_const_8, t_sub_12_out, t_transpose_11_out, BLOCK=128)
+def launch(t_x, t_y, t_const_2, t_const_8, t_sub_12_out, t_transpose_11_out, BLOCK=128, num_warps=4):
+    # the grid follows the block sizes: any configuration of the kernel's list runs (codegen/triton/configs.py)
+    k_g0[(triton.cdiv(105, BLOCK),)](t_x, t_y, t_const_2, t_const_8, t_sub_12_out, t_transpose_11_out, BLOCK=BLOCK, num_warps=num_warps)

@@ -24,5 +24,6 @@ def k_g0(t_x, t_const_3, t_mul_4_out, BLOCK: tl.constexpr):
     tl.store(t_mul_4_out + i0 * 30 + i1 * 10 + i2, v8, mask=mask)
 
 
-def launch(t_x, t_const_3, t_mul_4_out):
-    k_g0[(6,)](t_x, t_const_3, t_mul_4_out, BLOCK=16)
+def launch(t_x, t_const_3, t_mul_4_out, BLOCK=16, num_warps=4):
+    # the grid follows the block sizes: any configuration of the kernel's list runs (codegen/triton/configs.py)
+    k_g0[(6,)](t_x, t_const_3, t_mul_4_out, BLOCK=BLOCK, num_warps=num_warps)
