@@ -265,9 +265,11 @@ def test_run_with_the_triton_backend_matches_the_reference(capsys: pytest.Captur
     pytest.importorskip("triton", exc_type=ImportError)
     report = cli_json(capsys, "run", "gpt2-tiny", "--backend", "triton", "--save", str(tmp_path / "t.npz"))
     assert report["triton"]["kernels"] > 10 and report["triton"]["host"] == {}
+    # no device: the interpreter's timings say nothing, so the defaults run, each kernel's named
+    assert report["triton"]["tuned"].startswith("untuned") and len(report["triton"]["configurations"]) > 10
     cli_json(capsys, "run", "gpt2-tiny", "--save", str(tmp_path / "r.npz"))
     with np.load(tmp_path / "t.npz") as got, np.load(tmp_path / "r.npz") as want:
         for key in want.files:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
-    code, _, err = cli(capsys, "run", "gpt2-tiny", "--backend", "triton", "--no-tune")
-    assert code == 2 and "no tuner" in err
+    code, out, _ = cli(capsys, "run", "gpt2-tiny", "--backend", "triton", "--no-tune")
+    assert code == 0 and "launch configurations untuned" in out

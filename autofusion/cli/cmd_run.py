@@ -133,9 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "reference":
         outputs = run_graph(graph, feeds)
     elif args.backend == "triton":
-        if args.tune is not None:
-            raise CliError("--no-tune chooses the C backends' cores; the Triton backend has no tuner yet")
-        outputs, start, triton = _run_triton(graph, feeds)
+        outputs, start, triton = _run_triton(graph, feeds, tune=None if args.tune is None else False)
     else:
         outputs, start, profile = _run_compiled(args, graph, feeds)
     wall = time.perf_counter() - start
@@ -161,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     out.line(f"inputs: {args.inputs or f'random (seed {args.seed})'}")
     out.line(f"wall time: {wall * 1000:.1f} ms")
     if triton is not None:
-        out.line(f"triton on {triton['device']}: {triton['kernels']} kernels")
+        out.line(f"triton on {triton['device']}: {triton['kernels']} kernels; launch configurations {triton['tuned']}")
         for group, why in triton["split"].items():
             out.line(f"  {group}: one kernel per op ({why})")
         for group, why in triton["torch"].items():
@@ -219,10 +217,11 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
     return outputs, start, sorted(rows, key=lambda r: -r["ms"])
 
 
-def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, float, dict[str, Any]]:
+def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray], tune: bool | None) -> tuple[dict, float, dict[str, Any]]:
     """Outputs of the fused plan's Triton kernels, on the CUDA device or, without one (or with
     $TRITON_INTERPRET set), under Triton's interpreter on the CPU; the start time follows a first call
-    (which compiles the kernels), as the C backends' follows their compile."""
+    (which compiles the kernels and, on a device unless ``tune`` is False, tunes their launch
+    configurations), as the C backends' follows their compile."""
     try:
         import torch
     except ImportError:
@@ -239,7 +238,7 @@ def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, fl
 
     device = "cpu" if interpreted else "cuda"
     try:
-        model = TritonModel(optimize(graph), device=device)
+        model = TritonModel(optimize(graph), device=device, tune=tune)
         model(feeds)
     except Exception as e:  # a kernel Triton cannot compile on this device: its own message, no traceback
         if not type(e).__module__.startswith("triton"):
@@ -250,7 +249,7 @@ def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[dict, fl
     host = dict(model.fallbacks)
     return outputs, start, {"device": "cpu (Triton's interpreter)" if interpreted else torch.cuda.get_device_name(),
                             "kernels": len(model.kernels), "split": dict(model.split), "torch": dict(model.on_torch),
-                            "host": host}
+                            "host": host, "tuned": model.tuning, "configurations": dict(model.variants)}
 
 
 def _num(v: Any) -> str:

@@ -34,10 +34,13 @@ import numpy as np
 
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.triton import TritonKernel, render_triton_group
+from autofusion.codegen.triton.configs import Config, label
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.graph.graph import Graph
 from autofusion.ir.interpreter import InterpreterError, check_feeds
 from autofusion.ops.registry import OpRegistry
+from autofusion.runtime.cache import CompileCache
+from autofusion.runtime.triton_tuning import Timer, TritonTuner, TritonTuningStore, cuda_timer, wall_timer
 
 _INTERPRETER_LOCK = threading.Lock()  # the interpreter's patching of triton.language is process-wide
 
@@ -106,10 +109,20 @@ class TritonModel:
     """A plan compiled to Triton kernels; call it with numpy feeds to get numpy outputs."""
 
     def __init__(self, plan: Plan, fallback: bool = True, device: str = "cpu",
-                 registry: OpRegistry | None = None, directory: Path | None = None) -> None:
+                 registry: OpRegistry | None = None, directory: Path | None = None, tune: bool | None = None,
+                 cache: CompileCache | str | Path | None = None, timer: Timer | None = None) -> None:
         import torch  # fails early with ImportError when the gpu extra is missing
 
         self.plan, self.device = plan, device
+        if tune is None:  # timing Triton's interpreter says nothing about a device
+            tune = str(device).startswith("cuda")
+        self._tuner: TritonTuner | None = None
+        if tune:
+            store = TritonTuningStore(cache if isinstance(cache, CompileCache) else CompileCache(cache), device)
+            self._tuner = TritonTuner(store, timer or (cuda_timer(device) if str(device).startswith("cuda")
+                                                        else wall_timer))
+        self._configs: dict[str, Config] = {}  # kernel name -> the configuration it launches with
+        self._tune_lock = threading.Lock()
         self.registry = registry or plan.registry
         # Triton reads a kernel's source file when it compiles: the folder lives as long as the model
         if directory is None:
@@ -185,6 +198,35 @@ class TritonModel:
                 if s.kernel is None and not s.torch and s.group.template != "view"}
 
     @property
+    def variants(self) -> Mapping[str, str]:
+        """Each kernel's launch configuration (block sizes, warps): the default until a run has
+        chosen one (tuning happens in the first run)."""
+        return {k.name: label(self._configs.get(k.name, k.default)) for k in self.kernels}
+
+    @property
+    def tuning(self) -> str:
+        """How the launch configurations were chosen, for a report."""
+        if self._tuner is None:
+            return "untuned (the defaults)"
+        return (f"tuned on this device ({self._tuner.tuned} kernel(s) measured in this process, the others "
+                f"from {self._tuner.store.path})")
+
+    @property
+    def tuned(self) -> int:
+        """Kernels this model measured (not answered from the tuning cache)."""
+        return self._tuner.tuned if self._tuner is not None else 0
+
+    def configure(self, kernel: str, config: Config) -> None:
+        """Launch ``kernel`` with ``config`` from now on; ValueError if it is not one of the kernel's."""
+        found = [k for k in self.kernels if k.name == kernel]
+        if not found:
+            raise ValueError(f"no Triton kernel {kernel!r} in this model")
+        if tuple(config) not in found[0].configs:
+            raise ValueError(f"{label(tuple(config))} is not a configuration of {kernel} "
+                             f"({'; '.join(label(c) for c in found[0].configs)})")
+        self._configs[kernel] = tuple(config)
+
+    @property
     def on_torch(self) -> Mapping[str, str]:
         """Ops with no Triton kernel run by torch's own ops on the device, with the reason."""
         return {s.group.name: s.reason for s in self.steps if s.torch}
@@ -224,10 +266,21 @@ class TritonModel:
         return {o: t.cpu().numpy() for o, t in outputs.items()}
 
     def _run_tensors(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        import torch
 
         graph = self.plan.graph
         env: dict[str, Any] = {**self._weights, **feeds}
+        tuned = self.tuned
+        try:
+            self._launch_steps(env)
+        finally:
+            if self._tuner is not None and self.tuned > tuned:  # what this run measured, for later runs
+                self._tuner.store.save()
+        return {o: env[o] for o in graph.outputs}
+
+    def _launch_steps(self, env: dict[str, Any]) -> None:
+        import torch
+
+        graph = self.plan.graph
         for step in self.steps:
             if step.torch or step.group.template == "view":  # a view is its input reshaped, no copy
                 self._run_torch(step.group, env)
@@ -238,8 +291,23 @@ class TritonModel:
             for t in step.group.outputs:
                 tt = graph.type_of(t)
                 env[t] = torch.empty(tt.shape, dtype=getattr(torch, tt.dtype.value), device=self.device)
-            step.launch(*(env[t].contiguous() for t in step.kernel.params))
-        return {o: env[o] for o in graph.outputs}
+            args = [env[t].contiguous() for t in step.kernel.params]
+            step.launch(*args, **dict(self._config(step, args)))
+
+    def _config(self, step: _Step, args: list[Any]) -> Config:
+        """The step's configuration: chosen before, the default, or measured now on ``args`` (its
+        outputs are all it writes, so launching it again with each configuration changes nothing)."""
+        assert step.kernel is not None
+        kernel = step.kernel
+        cfg = self._configs.get(kernel.name)
+        if cfg is not None:
+            return cfg
+        if self._tuner is None:
+            return kernel.default
+        with self._tune_lock:  # one tuning at a time: two would time each other
+            cfg = self._tuner.choose(kernel, lambda c: step.launch(*args, **dict(c)))
+        self._configs[kernel.name] = cfg
+        return cfg
 
     def _run_torch(self, group: FusedGroup, env: dict[str, Any]) -> None:
         from autofusion.runtime.torch_ops import run_node
