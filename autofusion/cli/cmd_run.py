@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     out.line(f"inputs: {args.inputs or f'random (seed {args.seed})'}")
     out.line(f"wall time: {wall * 1000:.1f} ms")
     if triton is not None:
-        out.line(f"triton on {triton['device']}: {triton['kernels']} kernels; launch configurations {triton['tuned']}")
+        out.line(f"triton on {triton['device']}: {triton['kernels']} kernels, {triton['launches']}; "
+                 f"launch configurations {triton['tuned']}")
         for group, why in triton["split"].items():
             out.line(f"  {group}: one kernel per op ({why})")
         for group, why in triton["torch"].items():
@@ -249,7 +250,8 @@ def _run_triton(graph: Graph, feeds: Mapping[str, np.ndarray], tune: bool | None
     host = dict(model.fallbacks)
     return outputs, start, {"device": "cpu (Triton's interpreter)" if interpreted else torch.cuda.get_device_name(),
                             "kernels": len(model.kernels), "split": dict(model.split), "torch": dict(model.on_torch),
-                            "host": host, "tuned": model.tuning, "configurations": dict(model.variants)}
+                            "host": host, "tuned": model.tuning, "configurations": dict(model.variants),
+                            "launches": model.launches, "workspace_bytes": model.workspace_bytes}
 
 
 def _num(v: Any) -> str:

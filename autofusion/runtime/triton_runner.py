@@ -10,9 +10,12 @@ tensor in their shapes, on the device. With ``fallback=False`` the first group
 that is not one kernel is refused with its CodegenError instead.
 Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on the CPU.
 
-Calls from several threads are safe: each call has its own tensors. Triton's interpreter patches
+After the first run the steps are bound to fixed buffers, one device allocation laid out by the
+buffer planner, and on a CUDA device captured in one CUDA graph (:mod:`autofusion.runtime.triton_replay`;
+``replay=False`` keeps launching step by step with tensors of each call's own). Calls from several
+threads are safe: on the fixed buffers they take turns; and Triton's interpreter patches
 ``triton.language`` for the launch it runs, process-wide, so under ``TRITON_INTERPRET=1`` calls take
-turns (one lock for every model); on a device they run concurrently.
+turns anyway (one lock for every model).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from autofusion.graph.graph import Graph
 from autofusion.ir.interpreter import InterpreterError, check_feeds
 from autofusion.ops.registry import OpRegistry
 from autofusion.runtime.cache import CompileCache
+from autofusion.runtime.triton_replay import Replay
 from autofusion.runtime.triton_tuning import Timer, TritonTuner, TritonTuningStore, cuda_timer, wall_timer
 
 _INTERPRETER_LOCK = threading.Lock()  # the interpreter's patching of triton.language is process-wide
@@ -110,7 +114,8 @@ class TritonModel:
 
     def __init__(self, plan: Plan, fallback: bool = True, device: str = "cpu",
                  registry: OpRegistry | None = None, directory: Path | None = None, tune: bool | None = None,
-                 cache: CompileCache | str | Path | None = None, timer: Timer | None = None) -> None:
+                 cache: CompileCache | str | Path | None = None, timer: Timer | None = None, replay: bool = True,
+                 cuda_graph: bool | None = None) -> None:
         import torch  # fails early with ImportError when the gpu extra is missing
 
         self.plan, self.device = plan, device
@@ -123,6 +128,11 @@ class TritonModel:
                                                         else wall_timer))
         self._configs: dict[str, Config] = {}  # kernel name -> the configuration it launches with
         self._tune_lock = threading.Lock()
+        # after the first run: the steps bound to fixed buffers (and on a device captured in a CUDA graph)
+        self._replay_wanted, self._cuda_graph_wanted = replay, cuda_graph
+        self._replay: Replay | None = None
+        self._prepare_lock = threading.Lock()
+        self.replay_problem = ""  # why the steps are not captured in a CUDA graph on a device, if they are not
         self.registry = registry or plan.registry
         # Triton reads a kernel's source file when it compiles: the folder lives as long as the model
         if directory is None:
@@ -201,7 +211,29 @@ class TritonModel:
     def variants(self) -> Mapping[str, str]:
         """Each kernel's launch configuration (block sizes, warps): the default until a run has
         chosen one (tuning happens in the first run)."""
-        return {k.name: label(self._configs.get(k.name, k.default)) for k in self.kernels}
+        return {k.name: label(self.chosen(k)) for k in self.kernels}
+
+    @property
+    def launches(self) -> str:
+        """How a call runs the steps, for a report."""
+        if self._replay is None:
+            return "launched one by one (prepared after the first run)" if self._replay_wanted else "launched one by one"
+        if self._replay.cuda_graph is not None:
+            return "one CUDA graph per call"
+        return "bound once to fixed buffers, launched in order" + (f" ({self.replay_problem})"
+                                                                    if self.replay_problem else "")
+
+    @property
+    def workspace_bytes(self) -> int | None:
+        """The one device allocation of the intermediate tensors, once prepared."""
+        return self._replay.workspace_bytes if self._replay is not None else None
+
+    def weights(self) -> Mapping[str, Any]:
+        return self._weights
+
+    def chosen(self, kernel: TritonKernel) -> Config:
+        """The configuration ``kernel`` launches with."""
+        return self._configs.get(kernel.name, kernel.default)
 
     @property
     def tuning(self) -> str:
@@ -266,7 +298,35 @@ class TritonModel:
         return {o: t.cpu().numpy() for o, t in outputs.items()}
 
     def _run_tensors(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        replay = self._replay
+        if replay is not None:
+            return replay(feeds)
+        outputs = self._run_steps(feeds)
+        if self._replay_wanted:
+            self._prepare()
+        return outputs
 
+    def _prepare(self) -> None:
+        """Bind the steps to fixed buffers once the first run has chosen every configuration; on a
+        CUDA device capture them in a CUDA graph unless an op runs on the host."""
+        with self._prepare_lock:
+            if self._replay is not None:
+                return
+            graph = self._cuda_graph_wanted
+            if graph is None:
+                graph = str(self.device).startswith("cuda")
+                if graph and self.fallbacks:
+                    self.replay_problem = f"{len(self.fallbacks)} op(s) on the host: no CUDA graph"
+                    graph = False
+            try:
+                self._replay = Replay(self, graph)
+            except Exception as e:  # noqa: BLE001 - a capture torch refuses: the bound launches still run
+                if not graph:
+                    raise
+                self.replay_problem = f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:200]}"
+                self._replay = Replay(self, False)
+
+    def _run_steps(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         graph = self.plan.graph
         env: dict[str, Any] = {**self._weights, **feeds}
         tuned = self.tuned
@@ -283,10 +343,10 @@ class TritonModel:
         graph = self.plan.graph
         for step in self.steps:
             if step.torch or step.group.template == "view":  # a view is its input reshaped, no copy
-                self._run_torch(step.group, env)
+                self.run_torch(step.group, env)
                 continue
             if step.kernel is None:
-                self._run_reference(step.group, env)
+                self.run_reference(step.group, env)
                 continue
             for t in step.group.outputs:
                 tt = graph.type_of(t)
@@ -309,7 +369,8 @@ class TritonModel:
         self._configs[kernel.name] = cfg
         return cfg
 
-    def _run_torch(self, group: FusedGroup, env: dict[str, Any]) -> None:
+    def run_torch(self, group: FusedGroup, env: dict[str, Any]) -> None:
+        """The group's ops as torch's own, on the device."""
         from autofusion.runtime.torch_ops import run_node
 
         graph = self.plan.graph
@@ -319,7 +380,8 @@ class TritonModel:
                 if out:
                     env[out] = value
 
-    def _run_reference(self, group: FusedGroup, env: dict[str, Any]) -> None:
+    def run_reference(self, group: FusedGroup, env: dict[str, Any]) -> None:
+        """The group's ops with the reference implementations, on the host."""
         import torch
 
         graph = self.plan.graph

@@ -1,0 +1,113 @@
+"""A Triton plan bound once to fixed buffers (one allocation laid out by the buffer planner) and
+replayed per call: the same numbers as the reference on every call, whatever the feeds before."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from autofusion.ir import run_graph
+from autofusion.ir.builder import GraphBuilder
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
+pytest.importorskip("torch", reason="the Triton backend needs torch (pip install autofusion[gpu])",
+                    exc_type=ImportError)
+pytest.importorskip("triton", reason="the Triton backend needs triton (pip install autofusion[gpu])",
+                    exc_type=ImportError)
+
+from triton_cases import feeds_for, one_group_plan  # noqa: E402
+
+from autofusion.api import optimize  # noqa: E402
+from autofusion.models import build, random_inputs  # noqa: E402
+from autofusion.runtime.triton_runner import TritonModel  # noqa: E402
+
+
+def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "resnet-tiny"])
+def test_replayed_calls_compute_the_reference_whatever_ran_before(name: str) -> None:
+    """gpt2-tiny (views, attention, torch's ops) and resnet-tiny (a convolution split from its pool):
+    the first call launches step by step and prepares; later calls replay on the fixed buffers, and
+    a call after other feeds gives the first call's numbers exactly."""
+    plan = optimize(build(name))
+    model = TritonModel(plan)
+    first_feeds, other_feeds = random_inputs(plan.graph, seed=0), random_inputs(plan.graph, seed=1)
+    first = model(first_feeds)
+    assert model.launches.startswith("bound once")
+    _close(model(other_feeds), run_graph(plan.graph, other_feeds))
+    again = model(first_feeds)
+    for out in plan.graph.outputs:
+        np.testing.assert_array_equal(again[out], first[out])
+    intermediates = sum(plan.graph.type_of(t).nbytes for s in model.steps if s.group.template != "view"
+                        for t in s.group.outputs if t not in plan.graph.outputs)
+    assert model.workspace_bytes is not None and 0 < model.workspace_bytes < intermediates  # buffers shared
+
+
+def test_outputs_are_the_callers_own() -> None:
+    b = GraphBuilder("pointwise")
+    x = b.input("x", (4, 33))
+    y = b.op("Relu", b.op("Add", x, x))
+    g = b.build([y])
+    model = TritonModel(one_group_plan(g, "pointwise"))
+    feeds = feeds_for(g)
+    model(feeds)
+    kept = model(feeds)[y]
+    kept_copy = kept.copy()
+    model({"x": -feeds["x"]})  # the next replay writes the fixed output buffer again
+    np.testing.assert_array_equal(kept, kept_copy)
+
+
+def test_ops_on_torch_and_on_the_host_are_copied_into_their_fixed_buffers() -> None:
+    """Pow and Concat (torch's ops) and a clipped LSTM (the host's reference op) make new tensors
+    each call: the replay copies them into the planned buffers the next steps read."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("mixed")
+    x, e = b.input("x", (3, 5, 4)), b.input("e", (3, 5, 4))
+    powed = b.op("Concat", b.op("Pow", b.op("Abs", x), e), x, axis=2)
+    w = b.const((rng.standard_normal((1, 24, 8)) * 0.5).astype(np.float32))
+    r = b.const((rng.standard_normal((1, 24, 6)) * 0.5).astype(np.float32))
+    ys = b.op_multi("LSTM", [powed, w, r], 3, hidden_size=6, clip=2.0)
+    g = b.build([b.op("Relu", ys[0])])
+    model = TritonModel(optimize(g))
+    assert model.on_torch and model.fallbacks
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((3, 5, 4)).astype(np.float32),
+                 "e": np.random.default_rng(seed).integers(1, 3, (3, 5, 4)).astype(np.float32)}
+        _close(model(feeds), run_graph(g, feeds))
+
+
+def test_calls_from_threads_take_turns_on_the_fixed_buffers() -> None:
+    plan = optimize(build("bert-tiny"))
+    model = TritonModel(plan)
+    feeds = [random_inputs(plan.graph, seed=s) for s in range(4)]
+    want = [run_graph(plan.graph, f) for f in feeds]
+    model(feeds[0])  # prepared
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            _close(model(feeds[i]), want[i])
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_without_replay_every_call_launches_step_by_step() -> None:
+    plan = optimize(build("bert-tiny"))
+    model = TritonModel(plan, replay=False)
+    feeds = random_inputs(plan.graph, seed=0)
+    model(feeds)
+    _close(model(feeds), run_graph(plan.graph, feeds))
+    assert model.launches == "launched one by one" and model.workspace_bytes is None
