@@ -51,7 +51,7 @@ def test_realistic_cases_reach_every_block_geometry_layer_and_variant() -> None:
     assert set(seen["threads"]) == {1, 2}
     assert set(seen["cores"]) == set(CORE_CHOICES)  # each forced core, and the default
     assert {"MatMul", "Gemm", "Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool",
-            "Softmax", "LayerNormalization", "Transpose", "Reshape", "Gelu", "Add"} <= set(seen["ops"])
+            "Softmax", "LayerNormalization", "Transpose", "Reshape", "Gelu", "Add", "LSTM", "Split"} <= set(seen["ops"])
     # 1, the 12-row and 6-row blocks, the 32-column panels and 1,024-row K passes, each +/- 1
     assert {1, 5, 6, 7, 11, 12, 13, 31, 32, 33, 511, 512, 513} <= set(seen["dims"])
     assert max(seen["dims"]) > 1000

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
                  f"mismatches {len(report.mismatches)}, failures {len(report.failures)} "
                  f"({report.cases / report.seconds if report.seconds else 0.0:.2f} cases/s"
                  f"{f' on {report.workers} workers' if report.workers > 1 else ''})")
+        if report.triton_steps:
+            out.line("triton steps run: " + ", ".join(f"{k} {n}" for k, n in sorted(report.triton_steps.items())))
         for kind, results in (("mismatch", report.mismatches), ("failure", report.failures)):
             for r in results:
                 out.line(f"{kind}: seed {r.seed} ({r.strategy}, {r.backend}): {r.detail.splitlines()[0]}")

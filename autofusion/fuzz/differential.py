@@ -38,6 +38,7 @@ class CaseResult:
     outcome: str  # ok | mismatch | refused | failure
     detail: str = ""
     backend: str = ""
+    triton_steps: tuple[str, ...] = ()  # what ran each step under --triton: a kernel's kind, torch, host or view
 
 
 @dataclass
@@ -53,6 +54,7 @@ class CampaignReport:
     failures: list[CaseResult] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)  # error type -> count
     by_strategy: dict[str, int] = field(default_factory=dict)
+    triton_steps: dict[str, int] = field(default_factory=dict)  # Triton kernel kinds (and torch/host/view) run
     workers: int = 1  # processes the campaign ran on (a Ray cluster's CPUs)
 
     def merge(self, other: CampaignReport) -> None:
@@ -63,7 +65,8 @@ class CampaignReport:
         self.float64_rechecked += other.float64_rechecked
         self.mismatches += other.mismatches
         self.failures += other.failures
-        for mine, theirs in ((self.refusals, other.refusals), (self.by_strategy, other.by_strategy)):
+        for mine, theirs in ((self.refusals, other.refusals), (self.by_strategy, other.by_strategy),
+                             (self.triton_steps, other.triton_steps)):
             for key, count in theirs.items():
                 mine[key] = mine.get(key, 0) + count
 
@@ -71,6 +74,8 @@ class CampaignReport:
         """Count ``result`` (one case's outcome) into the report."""
         self.cases += 1
         self.by_strategy[result.strategy] = self.by_strategy.get(result.strategy, 0) + 1
+        for step in result.triton_steps:
+            self.triton_steps[step] = self.triton_steps.get(step, 0) + 1
         if result.outcome == "ok":
             self.ok += 1
             if result.detail:
@@ -93,7 +98,7 @@ class CampaignReport:
                 "float64_rechecked_seeds": self.float64_rechecked,
                 "refused": self.refused, "refusals": self.refusals,
                 "mismatches": rows(self.mismatches), "failures": rows(self.failures),
-                "by_strategy": self.by_strategy, "workers": self.workers, "seconds": round(self.seconds, 3),
+                "by_strategy": self.by_strategy, "triton_steps": self.triton_steps, "workers": self.workers, "seconds": round(self.seconds, 3),
                 "cases_per_second": round(self.cases / self.seconds, 3) if self.seconds else 0.0}
 
 
@@ -185,9 +190,17 @@ def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = No
                 return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
         if triton:
             stage = "triton"
-            diff = _differs(reference, _triton_model(plan)(case.feeds), case, rechecked)
+            triton_model = _triton_model(plan)
+            steps = triton_steps(triton_model)
+            diff = _differs(reference, triton_model(case.feeds), case, rechecked)
             if diff:
-                return CaseResult(case.seed, case.strategy, "mismatch", diff, stage)
+                return CaseResult(case.seed, case.strategy, "mismatch", diff, stage, steps)
+            stage = "triton replay"  # the second call runs the steps bound to the planned buffers
+            diff = _differs(reference, triton_model(case.feeds), case, rechecked)
+            if diff:
+                return CaseResult(case.seed, case.strategy, "mismatch", diff, stage, steps)
+            return CaseResult(case.seed, case.strategy, "ok", "matched the float64 reference" if rechecked else "",
+                              stage, steps)
     except refusal_errors() as e:
         return CaseResult(case.seed, case.strategy, "refused", f"{type(e).__name__}: {e}"[:300], stage)
     except Exception as e:  # any other exception is a bug, reported with its seed
@@ -195,6 +208,12 @@ def run_case(case: FuzzCase, cache: str | Path | None = None, rules: object = No
         return CaseResult(case.seed, case.strategy, "failure", f"{type(e).__name__}: {e} | {''.join(tb)}"[:800],
                           stage)
     return CaseResult(case.seed, case.strategy, "ok", "matched the float64 reference" if rechecked else "", stage)
+
+
+def triton_steps(model: Any) -> tuple[str, ...]:
+    """What runs each step of a TritonModel: its kernel's kind, or torch, host or view."""
+    return tuple(s.kernel.group.template if s.kernel is not None else "view" if s.group.template == "view"
+                 else "torch" if s.torch else "host" for s in model.steps)
 
 
 def _triton_model(plan: object) -> Any:

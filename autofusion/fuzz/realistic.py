@@ -6,7 +6,8 @@ cores: GEMM M, N and K from 1 to about 1,100, each block size of the micro-kerne
 convolutions with stride 1 and 2, padding, dilation, groups (depthwise included), 1x1 to 7x7
 kernels over up to 56 x 56 positions, with BatchNormalization, activations, residual adds and
 pooling windows after them; and 10-40-op graphs shaped like transformer and CNN layers (an
-attention block, a residual block, an MLP). Each case also draws a batch size (1, 2), a thread
+attention block, a residual block, an MLP) and recurrent ones (an LSTM cell unrolled over time as
+the TorchScript exporter writes it, or the ONNX LSTM op). Each case also draws a batch size (1, 2), a thread
 count (1, 2) and the core implementation its products are forced to (the tuner's candidates:
 packed with each K pass, taps, im2col, OpenBLAS, depthwise; or the default), so that every kernel
 variant and every choice the tuner can make is reached.
@@ -35,7 +36,7 @@ CORE_CHOICES: tuple[CoreChoice | None, ...] = (
     CoreChoice("taps", 128), CoreChoice("taps", 512), CoreChoice("taps", 1024), CoreChoice("repack", 256),
     CoreChoice("blas"),
     CoreChoice("depthwise"))
-KINDS = ("gemm", "gemm", "conv", "conv", "attention", "residual", "mlp")
+KINDS = ("gemm", "gemm", "conv", "conv", "attention", "residual", "mlp", "recurrent")
 
 
 class _Realistic(CaseBuilder):
@@ -190,6 +191,30 @@ class _Realistic(CaseBuilder):
             classes = self.size(1000)
             y = b.op("Gemm", pooled, self.weight((classes, out), out), self.const((classes,), 0.1), transB=1)
         return y
+
+
+    def recurrent(self) -> str:
+        """An LSTM cell unrolled over 2-6 steps, as models/lstm.py builds it (what the lstm_scan kind
+        fuses), or the ONNX LSTM op over the same sequence; hidden and input sizes up to 300."""
+        rng, b = self.rng, self.b
+        batch, steps = int(rng.integers(1, 3)), int(rng.integers(2, 7))
+        size, hidden = self.size(300), self.size(300)
+        x = self.add_input((batch, steps, size))
+        w_ih, w_hh = self.weight((4 * hidden, size), size), self.weight((4 * hidden, hidden), hidden)
+        if rng.integers(0, 3) == 0:  # the ONNX op reads [steps, batch, size] and stacked weights
+            seq = b.op("Transpose", x, perm=(1, 0, 2))
+            w, r = b.op("Unsqueeze", w_ih, self.ints([0])), b.op("Unsqueeze", w_hh, self.ints([0]))
+            _, y_h, _ = b.op_multi("LSTM", [seq, w, r, self.const((1, 8 * hidden), 0.1)], 3, hidden_size=hidden)
+            return b.op("Squeeze", y_h, self.ints([0]))
+        b_ih, b_hh = self.const((4 * hidden,), 0.1), self.const((4 * hidden,), 0.1)
+        h = c = b.const(np.zeros((batch, hidden), np.float32))
+        for t in range(steps):
+            x_t = b.op("Gather", x, b.const(np.array(t, np.int64)), axis=1)
+            gates = b.op("Add", b.op("Gemm", h, w_hh, b_hh, transB=1), b.op("Gemm", x_t, w_ih, b_ih, transB=1))
+            i, f, g, o = b.op_multi("Split", [gates, self.ints([hidden] * 4)], 4, axis=1)
+            c = b.op("Add", b.op("Mul", b.op("Sigmoid", f), c), b.op("Mul", b.op("Sigmoid", i), b.op("Tanh", g)))
+            h = b.op("Mul", b.op("Sigmoid", o), b.op("Tanh", c))
+        return h
 
 
 def realistic_case(seed: int, strategy: str | None = None) -> FuzzCase:
