@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from autofusion.bench.device_runners import peak_device_bytes
 from autofusion.bench.environment import (
     MemoryProbe,
     fix_malloc_threshold,
@@ -273,7 +274,9 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
         box["out"] = runner.call()
 
     extra: dict[str, Any] = {}
-    if runner.memory == "rss":
+    if runner.memory == "device":
+        probe = MemoryProbe(*peak_device_bytes(once, "cuda"))
+    elif runner.memory == "rss":
         probe = peak_rss_delta(once)
     elif runner.memory == "tracemalloc":
         once()  # untraced: one-time caches (imports, lookup tables) are not activations
@@ -281,9 +284,8 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
     else:
         probe = MemoryProbe(runner.planned_peak, runner.planned_method)
         measured = peak_traced(once)  # what the Python-side buffers of this runner actually held
-        extra = {"measured_peak_bytes": measured.peak_bytes, "measured_peak_method": measured.method,
-                 **(runner.reported or {})}
-    return box["out"], probe, extra
+        extra = {"measured_peak_bytes": measured.peak_bytes, "measured_peak_method": measured.method}
+    return box["out"], probe, {**extra, **(runner.reported or {})}
 
 
 def _result(r: Runner, outputs: Outputs, probe: MemoryProbe, extra: dict[str, Any], times: list[float],

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.bench.device_runners import DeviceOutputs, device_feeds, synchronize
 from autofusion.codegen.buffers import BufferPlan
 from autofusion.decide import unfused_plan
 from autofusion.decide.plan import Plan
@@ -42,7 +43,8 @@ class BenchSetup:
     """What every runner gets: the source graph, the optimised plan, feeds and the thread count."""
 
     def __init__(self, graph: Graph, plan: Plan, feeds: Mapping[str, np.ndarray], threads: int,
-                 registry: OpRegistry | None = None, workdir: Path | None = None) -> None:
+                 registry: OpRegistry | None = None, workdir: Path | None = None, device: str = "cpu") -> None:
+        self.device = device  # "cuda": the device runners (bench/device_runners.py) run on the GPU
         self.graph = graph
         self.plan = plan
         self.feeds = dict(feeds)
@@ -67,7 +69,8 @@ class Runner:
     """A prepared runtime. ``call`` runs the model once on the setup's feeds.
 
     ``memory`` says how its peak memory is measured: ``planned`` (``planned_peak`` holds the
-    runtime's buffer plan), ``tracemalloc`` or ``rss`` (measured on its first call). ``reported``
+    runtime's buffer plan), ``tracemalloc``, ``rss`` or ``device`` (a CUDA device's; measured on its
+    first call). ``reported``
     entries go into the result as they are.
     """
 
@@ -186,26 +189,40 @@ def _torch_module(setup: BenchSetup) -> tuple[Any, Any, tuple[Any, ...]]:
         module = to_torch_module(setup.graph)
     except UnsupportedOpError as e:
         raise RunnerSkipped(f"the graph has an op the torch conversion lacks: {e}") from None
+    if setup.device != "cpu":
+        return torch, module.to(setup.device), tuple(device_feeds(setup.graph, setup.feeds, setup.device).values())
     return torch, module, torch_feeds(setup.graph, setup.feeds)
+
+
+def _torch_outputs(setup: BenchSetup, outputs: tuple[Any, ...]) -> Outputs:
+    """A torch module's outputs: numpy on the CPU; on a device left there until checked."""
+    from autofusion.runtime.torch_ops import numpy_outputs
+
+    if setup.device == "cpu":
+        return numpy_outputs(setup.graph, outputs)
+    synchronize(setup.device)
+    return DeviceOutputs(dict(zip(setup.graph.outputs, outputs)))
+
+
+def _memory(setup: BenchSetup) -> str:
+    return "rss" if setup.device == "cpu" else "device"
 
 
 def _torch_eager(setup: BenchSetup) -> Runner:
     torch, module, args = _torch_module(setup)  # first: says "not installed" before torch_ops imports torch
-    from autofusion.runtime.torch_ops import numpy_outputs
-
 
     def call() -> Outputs:
         with torch.inference_mode():
-            return numpy_outputs(setup.graph, module(*args))
+            return _torch_outputs(setup, module(*args))
 
     views = sum(1 for n in setup.graph.nodes if setup.registry[n.op].view)
     return Runner("torch_eager", call, len(setup.graph.nodes) - views,
-                  "torch calls of the converted graph that are not views (each one or more aten kernels)", 0.0, "rss")
+                  "torch calls of the converted graph that are not views (each one or more aten kernels)", 0.0,
+                  _memory(setup))
 
 
 def _torch_compile(setup: BenchSetup) -> Runner:
     torch, module, args = _torch_module(setup)  # first: says "not installed" before torch_ops imports torch
-    from autofusion.runtime.torch_ops import numpy_outputs
 
     metrics: Any = None
     try:
@@ -219,7 +236,7 @@ def _torch_compile(setup: BenchSetup) -> Runner:
 
     def call() -> Outputs:
         with torch.inference_mode():
-            return numpy_outputs(setup.graph, compiled(*args))
+            return _torch_outputs(setup, compiled(*args))
 
     try:
         call()  # compiles: the setup time, not the measured runs
@@ -229,8 +246,53 @@ def _torch_compile(setup: BenchSetup) -> Runner:
     generated = int(getattr(metrics, "generated_kernel_count", 0)) if metrics is not None else 0
     if generated:
         return Runner("torch_compile", call, generated,
-                      "C++ kernels inductor generated (calls to library GEMM/conv kernels not counted)", 0.0, "rss")
-    return Runner("torch_compile", call, None, "n/a: inductor reported no kernel count (cached compile)", 0.0, "rss")
+                      "kernels inductor generated (calls to library GEMM/conv kernels not counted)", 0.0,
+                      _memory(setup))
+    return Runner("torch_compile", call, None, "n/a: inductor reported no kernel count (cached compile)", 0.0,
+                  _memory(setup))
+
+
+def _triton(setup: BenchSetup) -> Runner:
+    """The plan's Triton SuperKernel on the setup's device (the interpreter on the CPU)."""
+    _import_torch()
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise RunnerSkipped("triton is not installed (pip install 'autofusion[gpu]')") from None
+    from autofusion.runtime.triton_runner import TritonModel
+
+    model = TritonModel(setup.plan, device=setup.device)
+    feeds = device_feeds(setup.graph, setup.feeds, setup.device)
+    model.run_device(feeds)  # compiles, tunes on a device, and prepares the replay: setup time
+
+    def call() -> Outputs:
+        outputs = model.run_device(feeds)
+        synchronize(setup.device)
+        return DeviceOutputs(outputs)
+
+    return Runner("triton", call, len(model.kernels), "Triton kernels of the plan (groups split per op counted "
+                  "apart; views and torch's ops not counted)", 0.0, _memory(setup),
+                  reported={"launches": model.launches, "workspace_bytes": model.workspace_bytes,
+                            "tuning": model.tuning, "split": dict(model.split), "on_torch": dict(model.on_torch),
+                            "host": dict(model.fallbacks)})
+
+
+def _ort_cuda(setup: BenchSetup) -> Runner:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise RunnerSkipped("onnxruntime is not installed (pip install onnxruntime-gpu)") from None
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise RunnerSkipped("onnxruntime has no CUDA provider here (pip install onnxruntime-gpu)")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(setup.onnx_bytes, opts, providers=["CUDAExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    def call() -> Outputs:  # the feeds go to the device and the outputs back in each call, as run() does
+        return dict(zip(names, session.run(names, setup.feeds)))
+
+    return Runner("ort_cuda", call, None, "n/a: onnxruntime's CUDA provider does not list its kernels", 0.0, "rss")
 
 
 _FACTORIES: dict[str, RunnerFactory] = {
@@ -241,4 +303,6 @@ _FACTORIES: dict[str, RunnerFactory] = {
     "ort_all": lambda s: _ort(s, "ort_all", "ORT_ENABLE_ALL"),
     "torch_eager": _torch_eager,
     "torch_compile": _torch_compile,
+    "triton": _triton,
+    "ort_cuda": _ort_cuda,
 }

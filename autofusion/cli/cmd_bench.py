@@ -16,6 +16,7 @@ EXIT_MISMATCH = 1  # outputs that differ from the reference are a bug somewhere:
 
 
 def add_parser(subparsers: Any) -> None:
+    from autofusion.bench.device_runners import DEVICE_RUNNER_NAMES
     from autofusion.bench.runners import RUNNER_NAMES
 
     p = subparsers.add_parser(
@@ -34,8 +35,9 @@ def add_parser(subparsers: Any) -> None:
                    help="untimed runs per runner before timing (default 2)")
     p.add_argument("--threads", type=positive_int, default=2, metavar="N",
                    help="threads for every runtime (default 2)")
-    p.add_argument("--runners", default=",".join(RUNNER_NAMES), metavar="LIST",
-                   help=f"comma-separated runners to include (default all: {','.join(RUNNER_NAMES)})")
+    p.add_argument("--runners", default=None, metavar="LIST",
+                   help=f"comma-separated runners to include (default all of the device's: {','.join(RUNNER_NAMES)} "
+                        "on the cpu)")
     p.add_argument("--skip", default="", metavar="LIST", help="comma-separated runners to leave out")
     p.add_argument("--rtol", type=float, default=None, metavar="X", help="relative tolerance of the output check")
     p.add_argument("--atol", type=float, default=None, metavar="X", help="absolute tolerance of the output check")
@@ -46,6 +48,9 @@ def add_parser(subparsers: Any) -> None:
                    help="measure every runner in this process instead of one fresh process each (faster to "
                         "start; the runtimes' thread pools then share the machine)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random inputs (default 0)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default): the runtimes above on this machine's cores; cuda: on the GPU, the plan's "
+                        f"Triton SuperKernel beside torch and onnxruntime's CUDA provider ({', '.join(DEVICE_RUNNER_NAMES)})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_tune_argument(p)
     p.set_defaults(func=run)
@@ -63,19 +68,23 @@ def _non_negative(text: str) -> int:
 
 def selected_runners(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """(runners to run, runners left out with why); unknown names are usage errors."""
+    from autofusion.bench.device_runners import DEVICE_RUNNER_NAMES
     from autofusion.bench.runners import RUNNER_NAMES
+
+    known = DEVICE_RUNNER_NAMES if getattr(args, "device", "cpu") == "cuda" else RUNNER_NAMES
 
     def names(text: str, option: str) -> list[str]:
         items = [s.strip() for s in text.split(",") if s.strip()]
-        unknown = [s for s in items if s not in RUNNER_NAMES]
+        unknown = [s for s in items if s not in known]
         if unknown:
-            raise CliError(f"{option}: unknown runner {', '.join(unknown)} (runners: {', '.join(RUNNER_NAMES)})")
+            raise CliError(f"{option}: unknown runner {', '.join(unknown)} on --device {getattr(args, 'device', 'cpu')} "
+                           f"(runners: {', '.join(known)})")
         return items
 
-    wanted = names(args.runners, "--runners")
+    wanted = names(args.runners if args.runners is not None else ",".join(known), "--runners")
     skip = set(names(args.skip, "--skip"))
-    chosen = [n for n in RUNNER_NAMES if n in wanted and n not in skip]
-    left_out = {n: "left out by --skip" if n in skip else "not in --runners" for n in RUNNER_NAMES if n not in chosen}
+    chosen = [n for n in known if n in wanted and n not in skip]
+    left_out = {n: "left out by --skip" if n in skip else "not in --runners" for n in known if n not in chosen}
     if not chosen:
         raise CliError("no runner left to run (check --runners and --skip)")
     return chosen, left_out
@@ -94,12 +103,15 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and not value >= 0:
             raise CliError(f"--{option} must be a non-negative number, got {value}")
     names, left_out = selected_runners(args)
+    if args.device == "cuda":
+        _check_cuda()
     limit_threads(args.threads)  # before any runtime starts its thread pool
     loaded, plan = make_plan(args)
-    tuning = pretune(plan, args)
+    # on the GPU the Triton runner tunes its kernels in its first run (AUTOFUSION_TUNE=0 with --no-tune)
+    tuning = pretune(plan, args) if args.device == "cpu" else _triton_tuning(args)
     registry = registry_with_plugins()
     feeds = random_inputs(loaded.graph, seed=args.seed)
-    setup = BenchSetup(loaded.graph, plan, feeds, args.threads, registry)
+    setup = BenchSetup(loaded.graph, plan, feeds, args.threads, registry, device=args.device)
     with _progress() as progress:
         result = run_bench(setup, names, args.repeat, args.warmup, progress,
                            RTOL if args.rtol is None else args.rtol, ATOL if args.atol is None else args.atol,
@@ -112,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "inputs": {n: list(loaded.graph.types[n].shape) for n in loaded.graph.inputs},
         "strategy": plan.strategy,
         "isolation": "in-process" if args.in_process else "one process per runner",
+        "device": _device_name(args.device),
         "plan": {k: summary[k] for k in ("kernels_before", "kernels_after", "intermediate_bytes_before",
                                          "intermediate_bytes_after", "seconds")},
         "machine": machine_info(),
@@ -125,6 +138,33 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_tables(out, loaded.source, data)
     return _verdict(data)
+
+
+def _triton_tuning(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
+    if not tune_wanted(args):
+        os.environ["AUTOFUSION_TUNE"] = "0"  # the runners' worker processes inherit it
+        return {"tuned": False}
+    return {"tuned": True, "where": "the triton runner's first run (launch configurations, cached per device)"}
+
+
+def _check_cuda() -> None:
+    try:
+        import torch
+    except ImportError:
+        raise CliError("--device cuda needs torch and triton: pip install 'autofusion[gpu]'") from None
+    if not torch.cuda.is_available():
+        raise CliError("--device cuda: no CUDA device here (torch.cuda.is_available() is False); "
+                       "without --device the runtimes run on the CPU")
+
+
+def _device_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return f"cuda: {torch.cuda.get_device_name()}"
 
 
 def pretune(plan: Any, args: argparse.Namespace) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from autofusion.ops.registry import OpRegistry
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.triton_replay import Replay
 from autofusion.runtime.triton_tuning import Timer, TritonTuner, TritonTuningStore, cuda_timer, wall_timer
+from autofusion.runtime.tuning import tune_by_default
 
 _INTERPRETER_LOCK = threading.Lock()  # the interpreter's patching of triton.language is process-wide
 
@@ -119,8 +120,8 @@ class TritonModel:
         import torch  # fails early with ImportError when the gpu extra is missing
 
         self.plan, self.device = plan, device
-        if tune is None:  # timing Triton's interpreter says nothing about a device
-            tune = str(device).startswith("cuda")
+        if tune is None:  # timing Triton's interpreter says nothing about a device; AUTOFUSION_TUNE=0 is off
+            tune = str(device).startswith("cuda") and tune_by_default()
         self._tuner: TritonTuner | None = None
         if tune:
             store = TritonTuningStore(cache if isinstance(cache, CompileCache) else CompileCache(cache), device)
