@@ -136,3 +136,20 @@ def test_a_model_onnxruntime_cannot_run_is_a_clear_error(capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert code == 2 and "onnxruntime could not run the model" in err and "NOT_IMPLEMENTED" in err
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_a_kernel_that_pools_is_compared_with_onnxruntimes_convolution_and_its_pooling_node() -> None:
+    """The stem's kernel pools in its epilogue; onnxruntime runs the MaxPool as a node of its own,
+    which joins the convolution's time (an unrelated pooling node stays outside the cores)."""
+    stem = CoreSpec("conv", 12544, 64, 147, geometry=((1, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1),
+                                                      (1,)))
+    cores, rest = our_cores([_kernel("k0", stem)], {"k0": 1.5}, lambda c: c.impl, {"k0": 64 * 56 * 56})
+    ort = {"conv": ("FusedConv", ("conv", 12544, 64, 147), 1.0), "pool": ("MaxPool", ("pool", 64 * 56 * 56, 0, 0), 0.2),
+           "other": ("AveragePool", ("pool", 10, 0, 0), 0.05)}
+    result = combine(cores, rest, ort)
+    (core,) = result.cores
+    assert core.ratio() == pytest.approx(1.5 / 1.2) and "MaxPool node included" in core.ort_parts
+    assert result.ort_rest_ms == pytest.approx(0.05) and result.unmatched == {}
+    assert ort_node_key("MaxPool", [[1, 64, 112, 112]], [[1, 64, 56, 56]]) == ("pool", 64 * 56 * 56, 0, 0)
+    # a channel-blocked pool counts the same elements
+    assert ort_node_key("MaxPool", [[1, 4, 112, 112, 16]], [[1, 4, 56, 56, 16]]) == ("pool", 64 * 56 * 56, 0, 0)

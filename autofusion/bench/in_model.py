@@ -34,6 +34,7 @@ from autofusion.codegen.cores import CoreSpec
 
 CoreKey = tuple[str, int, int, int]  # (kind, rows of all calls, columns of all groups, depth)
 GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "FusedGemm"})
+POOL_OPS = frozenset({"MaxPool", "AveragePool"})
 
 
 class OnnxRuntimeFailed(RuntimeError):
@@ -61,6 +62,8 @@ def ort_node_key(op: str, inputs: Sequence[Sequence[int]], outputs: Sequence[Seq
     if not inputs or not outputs:
         return None
     out = list(outputs[0])
+    if op in POOL_OPS:  # no product: matched to a convolution whose kernel pools (the stem's)
+        return ("pool", math.prod(out), 0, 0)
     if op in ("Conv", "FusedConv") and len(inputs) >= 2 and len(out) >= 3 and len(inputs[1]) >= len(out):
         w = list(inputs[1])
         # channel-blocked output: a weight of one more axis, or an NCHW input of one fewer (the stem)
@@ -89,6 +92,7 @@ class InModelCore:
     ours_ms: list[float] = field(default_factory=list)  # per instance: the kernel's median x the core's share
     ort_ms: list[float] = field(default_factory=list)  # per matching node: its median
     ort_parts: str = ""  # matched to onnxruntime's nodes of this product in parts, e.g. "3 x gemm [...]"
+    pools: list[int] = field(default_factory=list)  # per instance: elements our kernel's pooling epilogue outputs
 
     @property
     def flops(self) -> int:
@@ -117,9 +121,11 @@ def _describe(key: CoreKey) -> str:
     return f"{kind} [{rows} x {depth}] @ [{depth} x {cols}]"
 
 
-def our_cores(kernels: Any, medians_ms: Mapping[str, float], label: Callable[[Any], str]
-              ) -> tuple[dict[CoreKey, InModelCore], float]:
-    """Each kernel's median shared among its cores by FLOPs; also the time of kernels without one."""
+def our_cores(kernels: Any, medians_ms: Mapping[str, float], label: Callable[[Any], str],
+              pools: Mapping[str, int] | None = None) -> tuple[dict[CoreKey, InModelCore], float]:
+    """Each kernel's median shared among its cores by FLOPs; also the time of kernels without one.
+    ``pools`` gives the elements of the pooling window a kernel ends with (by group name), which
+    onnxruntime runs as a node of its own."""
     cores: dict[CoreKey, InModelCore] = {}
     rest = dict(medians_ms)
     for kernel in kernels:
@@ -134,6 +140,8 @@ def our_cores(kernels: Any, medians_ms: Mapping[str, float], label: Callable[[An
             entry = cores.setdefault(key, InModelCore(key, _describe(key)))
             entry.ours_ms.append(ms * spec.flops / total)
             entry.labels.append(label(choice))
+            if (pools or {}).get(kernel.group.name):
+                entry.pools.append((pools or {})[kernel.group.name])
     return cores, sum(rest.values())
 
 
@@ -211,6 +219,18 @@ def combine(ours: dict[CoreKey, InModelCore], ours_rest: float,
             claimed.add(part)
             if part in ours:  # the parts' nodes leave the count of our own core of that shape
                 ours[part].ort_ms = [mean] * len(by_key[part])
+    for core in ours.values():  # our kernel pools too: onnxruntime's pooling node of that output joins its time
+        added, ops = 0.0, set()
+        for pooled in core.pools:
+            nodes = by_key.get(("pool", pooled, 0, 0), [])
+            if nodes and core.ort_ms:
+                node, ms = nodes.pop(0)
+                added, ops = added + ms, ops | {ort[node][0]}
+        if added:
+            core.ort_ms = [t + added / len(core.ort_ms) for t in core.ort_ms]
+            core.ort_parts = f"its {' and '.join(sorted(ops))} node included, as our kernel pools"
+    for key in [k for k in by_key if k[0] == "pool"]:  # pooling nodes no kernel of ours holds
+        ort_rest += sum(ms for _, ms in by_key.pop(key))
     unmatched = {n: ms for key, nodes in by_key.items() if key not in ours and key not in claimed for n, ms in nodes}
     cores = sorted(ours.values(), key=lambda c: -c.flops * max(1, len(c.ours_ms)))
     total = sum(sum(c.ours_ms) for c in cores) + ours_rest
@@ -281,5 +301,12 @@ def measure_in_model(plan: Any, onnx_bytes: bytes, feeds: Mapping[str, np.ndarra
                 block()
         events = json.loads(Path(session.end_profiling()).read_text())
     medians = {group: statistics.median(t) * 1e3 for group, t in samples.items()}
-    cores, rest = our_cores(model.source.kernels, medians, lambda c: c.label(model.machine))
+    cores, rest = our_cores(model.source.kernels, medians, lambda c: c.label(model.machine), _pools(plan))
     return combine(cores, rest, ort_node_times(events, timed))
+
+
+def _pools(plan: Any) -> dict[str, int]:
+    """Group name -> elements of the pooling window it ends with, for the groups that pool."""
+    g = plan.graph
+    return {group.name: g.type_of(node.outputs[0]).numel for group in plan.groups for node in
+            (g.node_by_name[n] for n in group.nodes) if plan.registry[node.op].pooling}
