@@ -104,9 +104,12 @@ def test_every_configuration_of_each_kernel_kind_computes_the_reference(case: st
     want = run_graph(graph, feeds)
     for cfg in kernel.configs:
         model.configure(kernel.name, cfg)
-        got = model(feeds)
-        for name, ref in want.items():
-            np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=f"{name} with {label(cfg)}")
+        for call in ("step by step", "replayed"):
+            got = model(feeds)
+            for name, ref in want.items():
+                np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{name} with {label(cfg)}, {call}")
+        assert model.variants[kernel.name] == label(cfg)
 
 
 def test_tiles_are_cut_to_the_problem_and_listed_once() -> None:

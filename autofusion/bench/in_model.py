@@ -220,7 +220,7 @@ def combine(ours: dict[CoreKey, InModelCore], ours_rest: float,
             if part in ours:  # the parts' nodes leave the count of our own core of that shape
                 ours[part].ort_ms = [mean] * len(by_key[part])
     for core in ours.values():  # our kernel pools too: onnxruntime's pooling node of that output joins its time
-        added, ops = 0.0, set()
+        added, ops = 0.0, set[str]()
         for pooled in core.pools:
             nodes = by_key.get(("pool", pooled, 0, 0), [])
             if nodes and core.ort_ms:

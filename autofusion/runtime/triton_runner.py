@@ -250,14 +250,17 @@ class TritonModel:
         return self._tuner.tuned if self._tuner is not None else 0
 
     def configure(self, kernel: str, config: Config) -> None:
-        """Launch ``kernel`` with ``config`` from now on; ValueError if it is not one of the kernel's."""
+        """Launch ``kernel`` with ``config`` from the next call on (the next call runs step by step and
+        prepares the replay again); ValueError if it is not one of the kernel's."""
         found = [k for k in self.kernels if k.name == kernel]
         if not found:
             raise ValueError(f"no Triton kernel {kernel!r} in this model")
         if tuple(config) not in found[0].configs:
             raise ValueError(f"{label(tuple(config))} is not a configuration of {kernel} "
                              f"({'; '.join(label(c) for c in found[0].configs)})")
-        self._configs[kernel] = tuple(config)
+        with self._prepare_lock:
+            self._configs[kernel] = tuple(config)
+            self._replay = None  # the bound launches hold the old configuration: prepared again
 
     @property
     def on_torch(self) -> Mapping[str, str]:
