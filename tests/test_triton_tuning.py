@@ -175,6 +175,26 @@ def test_the_default_stays_unless_another_is_clearly_faster(tmp_path: Path) -> N
     assert tuner.choose(FakeKernel(BLOCKS), launched.append) == BLOCKS[0]  # type: ignore[arg-type]
 
 
+def test_a_configuration_the_device_cannot_run_is_left_out(tmp_path: Path) -> None:
+    """A block too large for the device's shared memory fails to compile: that configuration is
+    not a candidate; the default failing is the kernel's own error."""
+    tuner, launched = _tuner(tmp_path, {BLOCKS[0]: 3e-5, BLOCKS[1]: 1e-5, BLOCKS[2]: 2e-5})
+
+    def launch(cfg: Config) -> None:
+        if cfg == BLOCKS[1]:
+            raise RuntimeError("out of resources: shared memory")
+        launched.append(cfg)
+
+    assert tuner.choose(FakeKernel(BLOCKS), launch) == BLOCKS[2]  # type: ignore[arg-type]
+    assert BLOCKS[1] not in launched
+
+    def default_fails(cfg: Config) -> None:
+        raise RuntimeError("the default does not compile")
+
+    with pytest.raises(RuntimeError, match="the default does not compile"):
+        tuner.choose(FakeKernel(BLOCKS, source="another kernel"), default_fails)  # type: ignore[arg-type]
+
+
 def test_a_kernel_with_one_configuration_is_not_timed(tmp_path: Path) -> None:
     tuner, launched = _tuner(tmp_path, {})
     assert tuner.choose(FakeKernel(BLOCKS[:1]), launched.append) == BLOCKS[0] and launched == []  # type: ignore[arg-type]

@@ -2,7 +2,8 @@
 
 A kernel renders with a short list of configurations (``codegen/triton/configs.py``, the default
 first). The first time a model runs on a device, each kernel with more than one is launched with
-every configuration on the call's own tensors (kernels only write their outputs, so launching one
+every configuration on the call's own tensors (one the device cannot run, a block too large for its
+shared memory, is left out) (kernels only write their outputs, so launching one
 again changes nothing), timed round-robin, and the fastest kept; the default stays unless another is
 at least MARGIN faster (a coin flip on a noisy device should not change the code).
 
@@ -141,12 +142,18 @@ class TritonTuner:
         hit = self.cached(kernel)
         if hit is not None:
             return hit
+        usable: list[Config] = []
         for cfg in kernel.configs:  # the first launch of each compiles it: not timed
-            launch(cfg)
-        samples: dict[Config, list[float]] = {cfg: [] for cfg in kernel.configs}
+            try:
+                launch(cfg)
+            except Exception:  # noqa: BLE001 - a block too large for this device (shared memory, registers)
+                if cfg == kernel.default:
+                    raise  # what the backend always runs: its own error, not a tuning problem
+                continue
+            usable.append(cfg)
+        samples: dict[Config, list[float]] = {cfg: [] for cfg in usable}
         for r in range(ROUNDS):
-            order = kernel.configs[r % len(kernel.configs):] + kernel.configs[:r % len(kernel.configs)]
-            for cfg in order:
+            for cfg in usable[r % len(usable):] + usable[:r % len(usable)]:
                 samples[cfg].append(self.timer(lambda cfg=cfg: launch(cfg)))  # type: ignore[misc]
         times = {cfg: statistics.median(s) for cfg, s in samples.items()}
         best = min(times, key=times.__getitem__)
