@@ -95,7 +95,8 @@ class Replay:
             self.runner.run_torch(step.group, env)  # a view of a fixed buffer stays valid
             return []
         for t in step.group.outputs:
-            env.setdefault(t, fresh(t))  # graph outputs, and what the planner gave the caller
+            if t not in env:  # graph outputs, and what the planner gave the caller
+                env[t] = fresh(t)
         if step.kernel is not None:
             args = [env[t] for t in step.kernel.params]
             cfg = dict(self.runner.chosen(step.kernel))
@@ -105,7 +106,10 @@ class Replay:
         group, g = step.group, self.runner.plan.graph
         # every output of its ops: one step computes all of a multi-output op's (the LSTM's y, y_h, y_c)
         made = dict.fromkeys([*group.outputs, *(o for n in group.nodes for o in g.node_by_name[n].outputs if o)])
-        outputs = {t: env.setdefault(t, fresh(t)) for t in made}
+        for t in made:
+            if t not in env:
+                env[t] = fresh(t)
+        outputs = {t: env[t] for t in made}
 
         def computed() -> None:  # torch's op (or the host's) makes new tensors: copied into the fixed ones
             scratch = dict(env)
