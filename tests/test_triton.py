@@ -416,14 +416,21 @@ def test_the_lstm_op_is_one_recurrent_kernel(direction: str, bias: bool, states:
     assert "for s in range(5):" in model.kernels[0].source
 
 
+def test_a_clipped_lstm_is_one_recurrent_kernel() -> None:
+    """The op's clip bounds the gates' pre-activations, in the kernel (seq 5, values that reach it)."""
+    g = lstm_graph("bidirectional", True, True, (True, True, True), clip=0.7)
+    model = check(one_group_plan(g, "opaque"))
+    assert "tl.minimum(tl.maximum(zi, -0.7), 0.7)" in model.kernels[0].source
+
+
 def test_an_lstm_the_kernel_does_not_render_says_why() -> None:
     from autofusion.codegen.errors import CodegenError
 
-    g = lstm_graph("forward", True, False, (True, True, True), clip=2.0)
-    with pytest.raises(CodegenError, match="does not render clipping"):
+    g = lstm_graph("forward", True, False, (True, True, True), activations=["HardSigmoid", "Tanh", "Tanh"])
+    with pytest.raises(CodegenError, match="does not render activations"):
         TritonModel(one_group_plan(g, "opaque"), fallback=False)
     model = TritonModel(one_group_plan(g, "opaque"))  # the reference way, and says so
-    assert any("clipping" in why for why in model.fallbacks.values())
+    assert any("activations" in why for why in model.fallbacks.values())
     feeds = feeds_for(g)
     for name, ref in run_graph(g, feeds).items():
         np.testing.assert_allclose(model(feeds)[name], ref, rtol=1e-4, atol=1e-5)
@@ -450,7 +457,7 @@ def test_a_pooled_group_with_ops_after_the_pool_splits_at_the_pool() -> None:
 def test_an_op_without_a_triton_kernel_runs_as_torchs_op_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pow and Concat have no Triton kernel: in a fused group split per op, and alone, they run as
     torch's own ops on the device (``on_torch`` says which and why), never through the host; an op
-    torch has no conversion for (the clipped LSTM above) still does."""
+    torch has no conversion for (the LSTM with other activations above) still does."""
     from autofusion.api import optimize
 
     rng = np.random.default_rng(8)

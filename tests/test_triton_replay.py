@@ -65,7 +65,7 @@ def test_outputs_are_the_callers_own() -> None:
 
 
 def test_ops_on_torch_and_on_the_host_are_copied_into_their_fixed_buffers() -> None:
-    """Pow and Concat (torch's ops) and a clipped LSTM (the host's reference op) make new tensors
+    """Pow and Concat (torch's ops) and an LSTM with other activations (the host's reference op) make new tensors
     each call: the replay copies them into the planned buffers the next steps read."""
     rng = np.random.default_rng(3)
     b = GraphBuilder("mixed")
@@ -73,7 +73,7 @@ def test_ops_on_torch_and_on_the_host_are_copied_into_their_fixed_buffers() -> N
     powed = b.op("Concat", b.op("Pow", b.op("Abs", x), e), x, axis=2)
     w = b.const((rng.standard_normal((1, 24, 8)) * 0.5).astype(np.float32))
     r = b.const((rng.standard_normal((1, 24, 6)) * 0.5).astype(np.float32))
-    ys = b.op_multi("LSTM", [powed, w, r], 3, hidden_size=6, clip=2.0)
+    ys = b.op_multi("LSTM", [powed, w, r], 3, hidden_size=6, activations=["HardSigmoid", "Tanh", "Tanh"])
     g = b.build([b.op("Relu", ys[0])])
     model = TritonModel(optimize(g))
     assert model.on_torch and model.fallbacks

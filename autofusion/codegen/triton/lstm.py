@@ -8,7 +8,7 @@ registers across the steps and its direction's weights loaded once; each step lo
 and computes the four gates (ONNX order i, o, f, c) as row-times-matrix sums over the input and
 recurrent weights, then the cell. Rendered:
 forward, reverse and bidirectional, optional biases and initial states, the default activations
-(sigmoid, tanh, tanh), every output. Anything else (sequence lengths, peepholes, clipping, coupled
+(sigmoid, tanh, tanh), every output. Anything else (sequence lengths, peepholes, coupled
 input and forget gates, other activations, batch-first layout, a hidden or input size over
 MAX_SIZE) is a CodegenError and runs the reference way.
 """
@@ -37,8 +37,6 @@ def _unsupported(node: Node) -> str | None:
         return "sequence lengths"
     if 7 in extra:
         return "peepholes"
-    if node.attr("clip") is not None:
-        return "clipping"
     if int(node.attr("input_forget", 0)):
         return "coupled input and forget gates"
     if int(node.attr("layout", 0)):
@@ -84,6 +82,7 @@ def render_lstm(ex: Exprs, names: NameTable) -> dict[str, object]:
                 h0=names(inp(5)) if inp(5) else "", c0=names(inp(6)) if inp(6) else "",
                 y=names(outputs[0]) if outputs[0] else "", y_h=names(outputs[1]) if outputs[1] else "",
                 y_c=names(outputs[2]) if outputs[2] else "",
+                clip=None if node.attr("clip") is None else float(node.attr("clip")),
                 configs=warps_configs([("BH", _block(hidden)), ("BD", _block(size))]))
 
 
