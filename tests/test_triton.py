@@ -371,13 +371,14 @@ def test_gather_nd_in_a_pointwise_kernel(batch_dims: int) -> None:
     assert "tl.load(" in model.kernels[0].source and len(model.kernels) == 1
 
 
-def test_shared_dynamo_exports_run_wholly_in_triton() -> None:
-    """The torch.export models' GatherND (bert and gpt2) runs on the device, nothing on the host."""
+def test_shared_exports_run_wholly_in_triton() -> None:
+    """The torch.export models' GatherND (bert and gpt2) and the TorchScript export's LSTM op run on
+    the device, nothing on the host."""
     from autofusion.api import optimize
     from autofusion.frontends import load_onnx
     from autofusion.models import random_inputs
 
-    for name in ("bert_tiny_dynamo", "gpt2_tiny_dynamo"):
+    for name in ("bert_tiny_dynamo", "gpt2_tiny_dynamo", "lstm_op_script"):
         path = Path(__file__).parent / "data" / "models" / f"{name}.onnx"
         plan = optimize(load_onnx(path))
         model = TritonModel(plan)
