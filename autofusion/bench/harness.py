@@ -140,7 +140,7 @@ def measure(name: str, setup: BenchSetup, reference: Outputs, repeat: int, warmu
     step(f"preparing {name}")
     try:
         runner = prepare(name, setup, factories)
-        outputs, probe, extra = _first_run(runner)
+        outputs, probe, extra = _first_run(runner, setup.device)
     except RunnerSkipped as e:
         return Measured(name, skipped=str(e))
     except Exception as e:  # a runner that should work and did not: reported, never hidden
@@ -267,7 +267,7 @@ def pooled_rounds(rounds: Sequence[Measured]) -> Measured:
     return replace(first, result=pooled)
 
 
-def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
+def _first_run(runner: Runner, device: str) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
     box: dict[str, Outputs] = {}
 
     def once() -> None:
@@ -275,7 +275,7 @@ def _first_run(runner: Runner) -> tuple[Outputs, MemoryProbe, dict[str, Any]]:
 
     extra: dict[str, Any] = {}
     if runner.memory == "device":
-        probe = MemoryProbe(*peak_device_bytes(once, "cuda"))
+        probe = MemoryProbe(*peak_device_bytes(once, device))
     elif runner.memory == "rss":
         probe = peak_rss_delta(once)
     elif runner.memory == "tracemalloc":

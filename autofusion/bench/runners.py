@@ -70,8 +70,7 @@ class Runner:
 
     ``memory`` says how its peak memory is measured: ``planned`` (``planned_peak`` holds the
     runtime's buffer plan), ``tracemalloc``, ``rss`` or ``device`` (a CUDA device's; measured on its
-    first call). ``reported``
-    entries go into the result as they are.
+    first call). ``reported`` entries go into the result as they are.
     """
 
     name: str

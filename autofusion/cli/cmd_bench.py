@@ -71,13 +71,13 @@ def selected_runners(args: argparse.Namespace) -> tuple[list[str], dict[str, str
     from autofusion.bench.device_runners import DEVICE_RUNNER_NAMES
     from autofusion.bench.runners import RUNNER_NAMES
 
-    known = DEVICE_RUNNER_NAMES if getattr(args, "device", "cpu") == "cuda" else RUNNER_NAMES
+    known = DEVICE_RUNNER_NAMES if args.device == "cuda" else RUNNER_NAMES
 
     def names(text: str, option: str) -> list[str]:
         items = [s.strip() for s in text.split(",") if s.strip()]
         unknown = [s for s in items if s not in known]
         if unknown:
-            raise CliError(f"{option}: unknown runner {', '.join(unknown)} on --device {getattr(args, 'device', 'cpu')} "
+            raise CliError(f"{option}: unknown runner {', '.join(unknown)} on --device {args.device} "
                            f"(runners: {', '.join(known)})")
         return items
 

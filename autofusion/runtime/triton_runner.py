@@ -363,11 +363,8 @@ class TritonModel:
         outputs are all it writes, so launching it again with each configuration changes nothing)."""
         assert step.kernel is not None
         kernel = step.kernel
-        cfg = self._configs.get(kernel.name)
-        if cfg is not None:
-            return cfg
-        if self._tuner is None:
-            return kernel.default
+        if kernel.name in self._configs or self._tuner is None:
+            return self.chosen(kernel)
         with self._tune_lock:  # one tuning at a time: two would time each other
             cfg = self._tuner.choose(kernel, lambda c: step.launch(*args, **dict(c)))
         self._configs[kernel.name] = cfg
