@@ -17,6 +17,7 @@ from autofusion.decide.plan import ZERO_COST, Plan
 from autofusion.ir import Graph, GraphBuilder, run_graph
 from autofusion.runtime import CompiledModel, compare_outputs
 
+PACKED_CALL = re.compile(r"af_sgemm_packed(_wide)?\(")  # either micro-kernel over a build-time packing
 CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
 RNG = np.random.default_rng(3)
 
@@ -46,7 +47,7 @@ def test_bias_gelu_residual_epilogue_per_tile() -> None:
     h = b.op("Add", b.op("MatMul", x, b.const(f32(32, 48))), b.const(f32(48)))
     g = b.build([b.op("Add", gelu_erf(b, h), res)])
     code = check(g, {"x": f32(2, 16, 32), "res": f32(2, 16, 48)})
-    assert "af_sgemm_packed(" in code and "af_erff" in code  # a constant weight: packed at build time
+    assert PACKED_CALL.search(code) and "af_erff" in code  # a constant weight: packed at build time
     assert code.count("for (int64_t o = 0;") == 0  # no separate epilogue pass: it runs in the tile loop
     assert re.search(r"c\[mi \* \d+ \+ ni\]", code)  # the epilogue reads the tile just computed
 
@@ -82,7 +83,7 @@ def test_gemm_attributes(trans_a: int, trans_b: int, alpha: float, beta: float, 
     y = b.op("Gemm", *args, transA=trans_a, transB=trans_b, alpha=alpha, beta=beta)
     g = b.build([b.op("Tanh", y)])
     code = check(g, {"a": f32(20, 8) if trans_a else f32(8, 20)})
-    assert "af_sgemm_packed(" in code  # transposed operands too: W is packed, A is read through strides
+    assert PACKED_CALL.search(code)  # transposed operands too: W is packed, A is read through strides
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [
@@ -124,7 +125,7 @@ def test_horizontal_qkv_shares_one_input_and_concatenated_weights() -> None:
     g = b.build(outs)
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "horizontal_gemm"),
                 ZERO_COST, ZERO_COST)
-    model = CompiledModel(plan, cache=CACHE)
+    model = CompiledModel(plan, cache=CACHE, cores=FixedChooser(CoreChoice("packed", 512)))
     report = compare_outputs(run_graph(g, {"x": (x_v := f32(1, 16, 32))}), model.run({"x": x_v}))
     assert report.ok, report.summary()
     (kernel,) = model.source.kernels
@@ -143,7 +144,7 @@ def test_horizontal_tiles_straddle_outputs_and_feed_late_outputs() -> None:
     late = b.op("Transpose", v, perm=(0, 2, 1))  # needs all of v: computed after the tiles
     g = b.build([q, k, late])
     code = check(g, {"x": f32(2, 24, 40)}, template="horizontal_gemm")
-    assert code.count("af_sgemm_packed(") == 1 and "columns 300..500 of the product" in code
+    assert len(PACKED_CALL.findall(code)) == 1 and "columns 300..500 of the product" in code
 
 
 def test_attention_block_with_two_matmuls_runs_staged() -> None:
@@ -166,7 +167,7 @@ def test_packed_products_match_on_every_row_and_column_count(m: int, n: int) -> 
     x = b.input("x", (m, 40))
     y = b.op("Relu", b.op("Gemm", x, b.const(f32(40, n)), b.const(f32(n)), alpha=0.5))
     code = check(b.build([y]), {"x": f32(m, 40)})
-    assert ("af_sgemm_packed(" in code) == (n >= 8) and ("af_sgemm(" in code) == (n < 8)
+    assert (PACKED_CALL.search(code) is not None) == (n >= 8) and ("af_sgemm(" in code) == (n < 8)
 
 
 @pytest.mark.parametrize("kc", [256, 512, 1024])
@@ -250,10 +251,11 @@ PACKED_ENTRY = """void run(int m, int n, int k, int kc, float alpha, const float
 }"""
 
 
-def _packed_runner(tmp_path, isa: str | None = None):
+def _packed_runner(tmp_path, isa: str | None = None, wide: bool = False):
     import ctypes
 
-    run = _af_sgemm_library(tmp_path, PACKED_ENTRY, isa)
+    entry = PACKED_ENTRY.replace("af_sgemm_packed(", "af_sgemm_packed_wide(") if wide else PACKED_ENTRY
+    run = _af_sgemm_library(tmp_path, entry, isa)
     if run is not None:
         ptr = ctypes.POINTER(ctypes.c_float)
         i32, i64 = ctypes.c_int, ctypes.c_int64
@@ -269,18 +271,19 @@ def _slice_cols(isa: str | None) -> int:
 
 
 def _check_packed(run, m: int, n: int, k: int, kc: int, transposed: bool, alpha: float = 0.5,
-                  isa: str | None = None) -> None:
+                  isa: str | None = None, wide: bool = False) -> None:
     """One call against numpy: A plain (lda = k + 3) or transposed, ldc = n + 2 (the last columns
-    stay untouched)."""
+    stay untouched). ``wide``: the wide micro-kernel over its own 48-column panels."""
     import ctypes
 
+    from autofusion.codegen.cores import WIDE_KERNELS
     from autofusion.codegen.gemm import PACK_NR, pack_weights
 
     ptr = ctypes.POINTER(ctypes.c_float)
     w = f32(k, n)
-    cols = _slice_cols(isa)
-    packed = pack_weights(w, cols)
-    assert packed.shape == (-(-n // PACK_NR) * PACK_NR // cols, k, cols)
+    cols, panel = (WIDE_KERNELS["avx512"][1],) * 2 if wide else (_slice_cols(isa), PACK_NR)
+    packed = pack_weights(w, cols, panel)
+    assert packed.shape == (-(-n // panel) * panel // cols, k, cols)
     a = f32(k, m + 2) if transposed else f32(m, k + 3)
     a_mk = a[:, :m].T if transposed else a[:, :k]
     ars, aps = (1, m + 2) if transposed else (k + 3, 1)
@@ -309,6 +312,62 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
     for k in (1, 2, 7, 127, 128, 129, 257, 600):
         for kc in (128, 256, 1024):
             _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
+
+
+def test_the_wide_micro_kernel_on_edge_shapes(tmp_path) -> None:
+    """af_sgemm_packed_wide (AVX-512: 8 rows x 48 columns over 48-column panels) against numpy: rows
+    around its 8-row blocks, columns around its slice, K across the passes of kc, A plain and
+    transposed. Built for AVX-512 on any machine; run where the CPU has it."""
+    run = _packed_runner(tmp_path, "avx512", wide=True)
+    if run is None:
+        from autofusion.runtime.toolchain import detect_toolchain
+
+        assert not detect_toolchain(isa="avx512").runnable  # compiled above; this CPU lacks AVX-512
+        return
+    for m in (1, 5, 7, 8, 9, 15, 16, 17, 31, 300):
+        for n in (1, 15, 16, 17, 47, 48, 49, 95, 96, 97, 300):
+            _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1, isa="avx512", wide=True)
+    for k in (1, 7, 128, 129, 600):
+        for kc in (128, 1024):
+            _check_packed(run, 9, 50, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 128 else 0.5, isa="avx512",
+                          wide=True)
+
+
+def test_a_weight_packed_for_the_wide_kernel_needs_it(tmp_path) -> None:
+    """An instruction set without the wide micro-kernel refuses a call site on wide panels at compile
+    time; AVX-512 takes it."""
+    import subprocess
+
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        _af_sgemm_library(tmp_path, "void run(void) { AF_WIDE_PACKED_FOR(48); }", "avx2")
+    assert "packed for the wide micro-kernel" in failed.value.stderr
+    (tmp_path / "ok").mkdir()
+    _af_sgemm_library(tmp_path / "ok", "void run(void) { AF_WIDE_PACKED_FOR(48); }", "avx512")  # builds
+
+
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 33])
+@pytest.mark.parametrize("n", [48, 50, 96, 470])
+def test_products_forced_onto_the_wide_kernel_match(m: int, n: int) -> None:
+    """A constant weight on the wide micro-kernel, in tiles of whole 48-column panels (the last
+    zero-padded) and K over three passes; where this CPU has no wide kernel the choice falls back."""
+    from autofusion.codegen.cores import this_machine
+
+    b = GraphBuilder("wide_forced")
+    x = b.input("x", (m, 300))
+    y = b.op("Relu", b.op("Gemm", x, b.const(f32(300, n, scale=0.1)), b.const(f32(n)), alpha=0.5))
+    code = check(b.build([y]), {"x": f32(m, 300)}, cores=FixedChooser(CoreChoice("packed", 128, wide=True)))
+    wide = this_machine().wide_kernel is not None
+    assert ("af_sgemm_packed_wide(" in code) == wide and ("AF_WIDE_PACKED_FOR(48)" in code) == wide
+
+
+def test_horizontal_product_on_the_wide_kernel_splits_its_columns() -> None:
+    """Three weights concatenated (96 + 40 + 96 columns) and packed in 48-column panels: tiles
+    straddle the outputs' columns."""
+    b = GraphBuilder("wide_qkv")
+    x = b.input("x", (2, 21, 96))
+    outs = [b.op("Relu", b.op("MatMul", x, b.const(f32(96, n, scale=0.1)))) for n in (96, 40, 96)]
+    check(b.build(outs), {"x": f32(2, 21, 96)}, template="horizontal_gemm",
+          cores=FixedChooser(CoreChoice("packed", 512, wide=True)))
 
 
 def test_af_sgemm_packed_reads_the_layout_pack_weights_writes(tmp_path) -> None:
@@ -351,6 +410,23 @@ def test_pack_weights_lays_each_panel_out_slice_by_slice(cols: int) -> None:
             assert flat[(j - j % cols) * k + p * cols + j % cols] == expected
     with pytest.raises(ValueError, match="does not divide"):
         pack_weights(w, 12)
+
+
+def test_pack_weights_in_wide_panels() -> None:
+    """The wide micro-kernel's panel is one 48-column slice: column j at (j - j % 48) * K + p * 48 +
+    j % 48, padded with zeros to whole panels."""
+    from autofusion.codegen.gemm import pack_weights
+
+    k, n = 3, 100
+    w = f32(k, n)
+    packed = pack_weights(w, 48, panel=48)
+    assert packed.shape == (3, k, 48)
+    flat = packed.reshape(-1)
+    for j in range(144):
+        for p in range(k):
+            assert flat[(j - j % 48) * k + p * 48 + j % 48] == (w[p, j] if j < n else 0.0)
+    with pytest.raises(ValueError, match="does not divide"):
+        pack_weights(w, 32, panel=48)
 
 
 def test_a_weight_packed_for_another_width_does_not_compile(tmp_path) -> None:

@@ -67,6 +67,59 @@ def test_default_chooser_packs_what_can_be_packed() -> None:
         CoreChoice("mkl")
 
 
+AVX512 = Machine("avx512", l2=2 * 1024 * 1024)
+FFN_IN = CoreSpec("gemm", 128, 3072, 768, packable=True)  # BERT's: 3,072 columns, 64 wide panels
+
+
+def test_the_wide_micro_kernel_is_the_default_where_it_pays() -> None:
+    """With AVX-512, a constant weight whose width is a multiple of 48 runs the 8 x 48 kernel from
+    16 rows on; narrower or ragged widths, few rows, convolutions, run-time operands and the other
+    instruction sets keep the 32-column kernel."""
+    chooser = DefaultChooser(AVX512)
+    wide = CoreChoice("packed", 1024, wide=True)
+    assert chooser.choose(FFN_IN) == wide and wide.label(AVX512) == "packed avx512 8x48 kc1024"
+    assert chooser.choose(CoreSpec("gemm", 16, 768, 768, packable=True)) == wide
+    for narrow in (CoreSpec("gemm", 128, 64, 768, packable=True), CoreSpec("gemm", 128, 1000, 768, packable=True),
+                   CoreSpec("gemm", 8, 3072, 768, packable=True)):
+        assert chooser.choose(narrow) == CoreChoice("packed", 1024), narrow
+    conv = CoreSpec("conv", 3136, 96, 576, packable=True, taps=True)
+    assert chooser.choose(conv) == CoreChoice("taps", 1024)
+    assert chooser.choose(CoreSpec("gemm", 128, 768, 64, repackable=True)) == CoreChoice("repack", 1024)
+    assert DefaultChooser(MACHINE).choose(FFN_IN) == CoreChoice("packed", 512)
+    # its panel rows are 192 bytes: on a 1 MiB L2, an eighth holds 640 of them
+    assert Machine("avx512", l2=1024 * 1024).default_kc(wide=True) == 640
+    with pytest.raises(ValueError, match="packed weights only"):
+        CoreChoice("taps", 512, wide=True)
+
+
+def test_a_wide_choice_a_core_or_machine_cannot_take_falls_back() -> None:
+    wide = CoreChoice("packed", 512, wide=True)
+    assert FixedChooser(wide, AVX512).choose(FFN_IN) == wide
+    assert FixedChooser(wide, MACHINE).choose(FFN_IN) == CoreChoice("packed", 512)  # AVX2 has none
+    conv = CoreSpec("conv", 3136, 96, 576, packable=True)
+    assert FixedChooser(wide, AVX512).choose(conv) == CoreChoice("packed", 512)
+    assert FixedChooser(wide, AVX512).choose(CoreSpec("gemm", 128, 768, 64, repackable=True)) == CoreChoice("blas")
+
+
+def test_candidates_offer_both_micro_kernels_where_there_are_two() -> None:
+    wide, narrow = CoreChoice("packed", 1024, wide=True), CoreChoice("packed", 1024)
+    assert candidates(FFN_IN, AVX512)[:2] == [wide, narrow] and candidates(FFN_IN, AVX512)[-1] == CoreChoice("blas")
+    ragged = CoreSpec("gemm", 128, 1000, 768, packable=True)
+    assert candidates(ragged, AVX512)[:2] == [narrow, wide]
+    assert not any(c.wide for c in candidates(FFN_IN, MACHINE))
+
+
+def test_a_stored_wide_choice_is_read_back(tmp_path: Path) -> None:
+    wide = CoreChoice("packed", 1024, wide=True)
+    times = {c: 3e-4 for c in candidates(FFN_IN, AVX512)}
+    times[wide] = 1e-4
+    tc = detect_toolchain()
+    tuner = Tuner(tc, CompileCache(tmp_path), threads=2, build=_fake_build(times, []), machine=AVX512)
+    assert tuner.choose(FFN_IN) == wide
+    again = Tuner(tc, CompileCache(tmp_path), threads=2, build=_fake_build(times, []), machine=AVX512)
+    assert again.store.get(FFN_IN, 2) == wide and again.tuned == 0
+
+
 def test_candidates_are_the_default_other_blockings_and_openblas() -> None:
     assert candidates(BIG, MACHINE) == [CoreChoice("packed", 512), CoreChoice("packed", 128),
                                         CoreChoice("packed", 256), CoreChoice("packed", 1024), CoreChoice("blas")]
@@ -243,10 +296,10 @@ def _conv_graph(groups: int = 1, stride: int = 2) -> tuple[Graph, dict[str, np.n
 
 
 CHOICES = [CoreChoice("packed", 128), CoreChoice("packed", 256), CoreChoice("packed", 1024), CoreChoice("taps", 128),
-           CoreChoice("taps", 1024), CoreChoice("blas")]
+           CoreChoice("taps", 1024), CoreChoice("blas"), CoreChoice("packed", 256, wide=True)]
 
 
-@pytest.mark.parametrize("choice", CHOICES, ids=lambda c: f"{c.impl}{c.kc}")
+@pytest.mark.parametrize("choice", CHOICES, ids=lambda c: f"{c.impl}{c.kc}{'w' if c.wide else ''}")
 @pytest.mark.parametrize("case", ["gemm", "horizontal", "conv_bn", "conv_bn_groups", "conv_bn_stride1"])
 def test_every_core_choice_matches_the_reference(tmp_path: Path, case: str, choice: CoreChoice) -> None:
     """Each candidate the tuner may pick, forced, against the reference: K over several passes,
@@ -260,9 +313,11 @@ def test_every_core_choice_matches_the_reference(tmp_path: Path, case: str, choi
     report = compare_outputs(run_graph(graph, feeds), model.run(feeds))
     assert report.ok, report.summary()
     cores = [core for k in model.source.kernels for core in k.cores]
-    assert [c for _, c in cores] == [choice.fitting(spec) for spec, _ in cores] and len(cores) == 1
+    assert [c for _, c in cores] == [choice.fitting(spec, model.chooser.machine) for spec, _ in cores]
+    assert len(cores) == 1
     code = "\n".join(k.code for k in model.source.kernels)
     assert ("af_sgemm_packed" in code) == choice.packed
+    assert ("af_sgemm_packed_wide(" in code) == cores[0][1].wide
     assert ("af_sgemm_packed_taps(" in code) == (cores[0][1].taps)
 
 

@@ -15,6 +15,9 @@ so that one pass's slice of a panel takes an eighth of L2. The runtime's tuner
 >>> machine = Machine("avx2", l2=512 * 1024)
 >>> DefaultChooser(machine).choose(CoreSpec("gemm", 128, 3072, 768, packable=True)).label(machine)
 'packed avx2 6x16 kc512'
+>>> machine = Machine("avx512", l2=2048 * 1024)
+>>> DefaultChooser(machine).choose(CoreSpec("gemm", 128, 3072, 768, packable=True)).label(machine)
+'packed avx512 8x48 kc1024'
 """
 
 from __future__ import annotations
@@ -28,9 +31,14 @@ from typing import Protocol
 
 # micro-kernel shape (rows, columns) of af_sgemm_packed per instruction set: templates/c/af_sgemm.c.j2
 MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable": (6, 8)}
+# the wide micro-kernel (af_sgemm_packed_wide), where the instruction set has one: 48-column panels
+# of their own, for products with constant weights whose width is a multiple of 48 (BERT's and
+# GPT-2's 768, 2,304 and 3,072): 0.91-0.95x the 12 x 32 kernel's time at 128 rows, level at 8
+WIDE_KERNELS = {"avx512": (8, 48)}
+WIDE_MIN_ROWS = 16  # at 8 rows the wide kernel was no faster (1.03x; C harness, Xeon, 2 threads)
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
-PANEL_ROW_BYTES = 32 * 4  # one row of a packed panel (PACK_NR floats, codegen/gemm.py)
+PANEL_COLUMNS = 32  # columns of a packed panel (PACK_NR, codegen/gemm.py); the wide kernel's are its own
 # "taps": packed weights, a convolution's taps read in place; "depthwise": one input channel per
 # output channel, its taps accumulated straight from the input (no product to hand a GEMM);
 # "repack": B is computed at run time (attention), packed per call into the same panels
@@ -53,19 +61,36 @@ class Machine:
     def micro_kernel(self) -> tuple[int, int]:
         return MICRO_KERNELS[self.isa]
 
-    def default_kc(self) -> int:
-        """K per pass: one pass's slice of a 32-column panel takes an eighth of L2, where it stays
-        while every row block of the call reads it. Fewer passes read and write C fewer times: on
-        a 1 MiB L2 (Zen 4) 1,024 rows beat 512 and 256 for both micro-kernels, in a C harness."""
-        kc = self.l2 // 8 // PANEL_ROW_BYTES // KC_STEP * KC_STEP
+    @property
+    def wide_kernel(self) -> tuple[int, int] | None:
+        """(rows, columns) of the wide micro-kernel, or None where this instruction set has none."""
+        return WIDE_KERNELS.get(self.isa)
+
+    def kernel_shape(self, choice: CoreChoice) -> tuple[int, int]:
+        """(rows, columns) of the micro-kernel ``choice`` runs."""
+        wide = self.wide_kernel
+        return wide if choice.wide and wide else self.micro_kernel
+
+    def takes_wide(self, core: CoreSpec) -> bool:
+        """Whether ``core`` can run the wide micro-kernel here: a product with a constant weight (not
+        a convolution, whose panels the packed convolution lays out itself)."""
+        return self.wide_kernel is not None and core.kind == "gemm" and core.packable
+
+    def default_kc(self, wide: bool = False) -> int:
+        """K per pass: one pass's slice of a panel (32 columns, or the wide kernel's) takes an
+        eighth of L2, where it stays while every row block of the call reads it. Fewer passes read
+        and write C fewer times: on a 1 MiB L2 (Zen 4) 1,024 rows beat 512 and 256 for both
+        micro-kernels, in a C harness."""
+        cols = self.wide_kernel[1] if wide and self.wide_kernel else PANEL_COLUMNS
+        kc = self.l2 // 8 // (4 * cols) // KC_STEP * KC_STEP
         return max(KC_MIN, min(KC_MAX, kc))
 
-    def kc_for(self, core: CoreSpec) -> int:
+    def kc_for(self, core: CoreSpec, wide: bool = False) -> int:
         """K per pass for ``core``: the default, less where A is read transposed (stored K x M, a
         weight gradient's activations): a pass then reads kc whole rows of M floats, a page or more
         apart, and those should take at most a quarter of L2 (1024 x 256 x 512 on a 2 MiB L2: kc 128
         1.52 ms, 1,024 2.22 ms, Xeon with AVX-512, 2 threads)."""
-        kc = self.default_kc()
+        kc = self.default_kc(wide)
         if core.a_transposed:
             fit = self.l2 // 4 // (4 * max(1, core.m)) // KC_STEP * KC_STEP
             kc = max(KC_MIN, min(kc, fit))
@@ -117,16 +142,20 @@ class CoreChoice:
     """How a core is computed: ``packed`` with ``kc`` rows of K per pass, ``taps`` (packed, and a
     convolution's taps read in place from its zero-padded input instead of an im2col copy),
     ``depthwise`` (a depthwise convolution's taps summed straight from the input), ``repack`` (a B
-    computed at run time packed per call, then the packed kernel), or OpenBLAS's ``blas``."""
+    computed at run time packed per call, then the packed kernel), or OpenBLAS's ``blas``.
+    ``wide``: ``packed`` on the wide micro-kernel (WIDE_KERNELS) and its 48-column panels."""
 
     impl: str
     kc: int = 0
+    wide: bool = False
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
             raise ValueError(f"unknown core implementation {self.impl!r}; one of {', '.join(IMPLS)}")
         if self.panels and not KC_MIN // 2 <= self.kc <= 4 * KC_MAX:
             raise ValueError(f"kc {self.kc} out of range for the packed kernel")
+        if self.wide and self.impl != "packed":
+            raise ValueError(f"the wide micro-kernel runs packed weights only, not {self.impl!r}")
 
     @property
     def packed(self) -> bool:
@@ -147,11 +176,14 @@ class CoreChoice:
             return "depthwise direct"
         if not self.panels:
             return "openblas sgemm"
-        rows, cols = machine.micro_kernel
+        rows, cols = machine.kernel_shape(self)
         return f"{self.impl} {machine.isa} {rows}x{cols} kc{self.kc}"
 
-    def fitting(self, core: CoreSpec) -> CoreChoice:
-        """This choice where ``core`` can take it, else the nearest one it can."""
+    def fitting(self, core: CoreSpec, machine: Machine | None = None) -> CoreChoice:
+        """This choice where ``core`` can take it (on ``machine``, for the wide micro-kernel), else
+        the nearest one it can."""
+        if self.wide and not (machine is not None and machine.takes_wide(core)):
+            return CoreChoice(self.impl, self.kc).fitting(core)
         if self.impl == "repack":
             if core.packable:
                 return CoreChoice("packed", self.kc)
@@ -186,7 +218,16 @@ class DefaultChooser:
             return CoreChoice("depthwise")
         if core.repackable:
             return CoreChoice("repack", self.machine.kc_for(core))
+        if self.machine.takes_wide(core) and wide_by_default(core, self.machine):
+            return CoreChoice("packed", self.machine.kc_for(core, wide=True), wide=True)
         return CoreChoice("taps", self.machine.kc_for(core)).fitting(core)
+
+
+def wide_by_default(core: CoreSpec, machine: Machine) -> bool:
+    """The untuned choice of the wide micro-kernel: where its panels need no padding and the rows
+    are enough for its 8-row blocks to pay."""
+    wide = machine.wide_kernel
+    return wide is not None and core.n % wide[1] == 0 and core.m >= WIDE_MIN_ROWS
 
 
 class FixedChooser:
@@ -197,7 +238,7 @@ class FixedChooser:
         self.choice = choice
 
     def choose(self, core: CoreSpec) -> CoreChoice:
-        return self.choice.fitting(core)
+        return self.choice.fitting(core, self.machine)
 
 
 def native_isa(flags: frozenset[str] | None = None) -> str:

@@ -48,14 +48,15 @@ PACKED_MIN_COLUMNS = 8  # narrower weights would be mostly zero padding in a 32-
 SMALL_ROWS = 8  # af_sgemm's own kernel takes up to 2 x AF_SMALL_M rows (templates/c/af_sgemm.c.j2)
 
 
-def pack_weights(w: np.ndarray, width: int) -> np.ndarray:
-    """A [K, N] weight as af_sgemm_packed reads it: ceil(N / PACK_NR) panels, the last zero-padded,
-    each PACK_NR / ``width`` slices of K rows of ``width`` columns (the micro-kernel's, see
-    :func:`slice_cols`), one after another. Shape [panels * slices, K, width]."""
-    if width < 1 or PACK_NR % width:
-        raise ValueError(f"slice width {width} does not divide the {PACK_NR}-column panel")
+def pack_weights(w: np.ndarray, width: int, panel: int = PACK_NR) -> np.ndarray:
+    """A [K, N] weight as af_sgemm_packed reads it: ceil(N / panel) panels, the last zero-padded,
+    each panel / ``width`` slices of K rows of ``width`` columns (the micro-kernel's, see
+    :func:`slice_cols`), one after another. Shape [panels * slices, K, width]. The wide
+    micro-kernel's panel is one slice of its width (``panel=width``)."""
+    if width < 1 or panel % width:
+        raise ValueError(f"slice width {width} does not divide the {panel}-column panel")
     k, n = w.shape
-    slices = -(-n // PACK_NR) * PACK_NR // width
+    slices = -(-n // panel) * panel // width
     padded = np.zeros((k, slices * width), np.float32)
     padded[:, :n] = w
     return np.ascontiguousarray(padded.reshape(k, slices, width).transpose(1, 0, 2))
@@ -66,19 +67,20 @@ def slice_cols(k: KernelContext) -> int:
     return k.chooser.machine.micro_kernel[1]
 
 
-def packed_for(width: int) -> str:
-    """The C check, at a call site of af_sgemm_packed on a weight packed at build time, that the
-    kernel reads the slice width the weight was packed for (templates/c/af_sgemm.c.j2)."""
-    return f"AF_PACKED_FOR({width});"
+def packed_for(width: int, wide: bool = False) -> str:
+    """The C check, at a call site of af_sgemm_packed (``wide``: af_sgemm_packed_wide) on a weight
+    packed at build time, that the kernel reads the slice width the weight was packed for
+    (templates/c/af_sgemm.c.j2)."""
+    return f"AF_WIDE_PACKED_FOR({width});" if wide else f"AF_PACKED_FOR({width});"
 
 
-def _packed_column_block(n: int, row_tiles: int) -> int:
+def _packed_column_block(n: int, row_tiles: int, panel: int = PACK_NR) -> int:
     """Columns per tile of a packed product: whole panels, and enough tiles, a multiple of 4, for
     threads to share evenly (3 tiles on 2 threads left one idle for a third of FFN-out's time)."""
     col_tiles = max(-(-n // TILE_N), -(-PACKED_MIN_TILES // row_tiles))
     col_tiles = -(-col_tiles // 4) * 4
     per_tile = -(-n // col_tiles)
-    nb = -(-per_tile // PACK_NR) * PACK_NR
+    nb = -(-per_tile // panel) * panel
     return n if nb >= n else nb
 
 
@@ -114,6 +116,7 @@ class _Segment:
     merged: bool = False  # the columns of several cores' products (horizontal GEMM)
     unpacked: np.ndarray | None = None  # merged constant weights concatenated, for sgemm (not packed)
     repack: bool = False  # B computed at run time, packed into this thread's panels per (batch, column block)
+    wide: bool = False  # the packed weight runs the wide micro-kernel, in its own panels
 
     @property
     def rows(self) -> int:
@@ -413,10 +416,11 @@ class _Gemm:
         tile_m, tile_n = self.k.group.params.get("tile_m"), self.k.group.params.get("tile_n")  # the rule's
         mb = min(tile_m, m_total) if tile_m else max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
         row_tiles = n_batch * -(-m_total // mb)
+        width, panel = self._panel(seg)
         if tile_n:  # a packed weight is read in whole panels
-            nb = min(n, -(-tile_n // PACK_NR) * PACK_NR if seg.weight is not None else tile_n)
+            nb = min(n, -(-tile_n // panel) * panel if seg.weight is not None else tile_n)
         else:
-            nb = _packed_column_block(n, row_tiles) if seg.weight is not None else _column_block(n, row_tiles)
+            nb = _packed_column_block(n, row_tiles, panel) if seg.weight is not None else _column_block(n, row_tiles)
         tiles_m, tiles_n = -(-m_total // mb), -(-n // nb)
         ta, lda = self._layout(seg, "a") or (False, 1)
         tb, ldb = self._layout(seg, "b") or (False, 1)
@@ -449,8 +453,8 @@ class _Gemm:
         weight = seg.weight
         packed = weight is not None
         if weight is not None:  # tiles start on panel boundaries: column n0 of the packed weight is at n0 * K
-            assert tiles_n == 1 or nb % PACK_NR == 0, (n, nb)
-            b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(weight, slice_cols(self.k)))} + {ix.mul('n0', kk)}"
+            assert tiles_n == 1 or nb % panel == 0, (n, nb)
+            b_ptr = f"{self.k.derived_constant(seg.weight_label, pack_weights(weight, width, panel))} + {ix.mul('n0', kk)}"
         elif seg.unpacked is not None:  # constant weights of several cores, side by side, for sgemm
             tb, ldb = False, n
             b_ptr = f"{self.k.derived_constant(seg.weight_label, seg.unpacked)} + n0"
@@ -473,7 +477,7 @@ class _Gemm:
             "tiles": n_batch * tiles_m * tiles_n, "tiles_m": tiles_m, "tiles_n": tiles_n, "mb": mb, "nb": nb,
             "m": m_total, "n": n, "k": kk, "alpha": literal(seg.alpha, DType.FLOAT32),
             "ta": "CblasTrans" if ta else "CblasNoTrans", "tb": "CblasTrans" if tb else "CblasNoTrans",
-            "packed": packed, "packed_for": packed_for(slice_cols(self.k)) if packed else "", "k_pass": kc, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
+            "packed": packed, "packed_for": packed_for(width, seg.wide) if packed else "", "wide": seg.wide, "k_pass": kc, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
             "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
             "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],
@@ -493,12 +497,20 @@ class _Gemm:
                         repackable=repackable, a_transposed=ta, b_transposed=tb and seg.weight is None)
         choice = self.k.core(spec)
         seg.repack = choice.impl == "repack"
+        seg.wide = choice.wide
         if choice.packed or seg.weight is None:
             return choice.kc
         if seg.merged:  # several weights: B is their concatenation, not one buffer
             seg.unpacked, seg.weight_label = np.ascontiguousarray(seg.weight), "weights_cat"
         seg.weight = None
         return 0
+
+    def _panel(self, seg: _Segment) -> tuple[int, int]:
+        """(slice width, panel width) of the packed weight ``seg`` reads."""
+        wide = self.k.chooser.machine.wide_kernel
+        if seg.wide and wide is not None:
+            return wide[1], wide[1]
+        return slice_cols(self.k), PACK_NR
 
     def _small_rows(self, seg: _Segment) -> bool:
         """Whether af_sgemm runs the product on its small-row kernel, which reads B once in place:

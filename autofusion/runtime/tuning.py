@@ -3,7 +3,8 @@
 For each distinct core of a plan that has a choice (a constant weight the packed kernel can take,
 large enough to matter), the tuner compiles the core alone as a one-op model, once per candidate
 (``candidates``: the packed kernel with K in passes of a quarter, half, once and twice the default ``kc``,
-from the L2 cache; for a convolution over one plane its taps read in place and the im2col form; and
+from the L2 cache; where the instruction set has a wide micro-kernel, a product's weight on each of
+the two; for a convolution over one plane its taps read in place and the im2col form; and
 OpenBLAS's sgemm on the unpacked weight). It times them round-robin on this machine with the plan's
 thread count (each sample a run repeated for SAMPLE_SECONDS; a candidate's time is its fastest
 sample, as interference only adds time), and keeps the fastest; the default stays unless another
@@ -35,6 +36,8 @@ import numpy as np
 from autofusion.codegen.cores import (
     KC_MAX,
     KC_MIN,
+    WIDE_KERNELS,
+    WIDE_MIN_ROWS,
     CoreChoice,
     CoreChooser,
     CoreSpec,
@@ -78,10 +81,14 @@ class TuningCacheWarning(UserWarning):
 
 def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
     """The default first; for a convolution that can read its taps in place, the im2col form
-    too; then the other K blockings that differ for this K; then OpenBLAS."""
+    too; for a product the wide micro-kernel can take, the other micro-kernel; then the other K
+    blockings that differ for this K; then OpenBLAS."""
     base = machine.kc_for(spec)
     impl = "repack" if not spec.packable else "taps" if spec.taps else "packed"
     out = [CoreChoice(impl, base)] + ([CoreChoice("packed", base)] if spec.taps and spec.packable else [])
+    if machine.takes_wide(spec):
+        wide = CoreChoice("packed", machine.kc_for(spec, wide=True), wide=True)
+        out = [wide, *out] if DefaultChooser(machine).choose(spec) == wide else [*out, wide]
     seen = {base}
     # a quarter: with AVX2, taps read in place are 64 bytes a step, as much as the slice of W, and only
     # 128 rows keep both in L1 (Zen 3, 512 KiB L2: the default 512)
@@ -123,7 +130,9 @@ class TuningStore:
     def get(self, spec: CoreSpec, threads: int) -> CoreChoice | None:
         entry = self.entries.get(self.entry_key(spec, threads))
         # a stored choice the core cannot take (a file written by other code) is not forced on it
-        return None if entry is None else CoreChoice(entry["impl"], entry["kc"]).fitting(spec)
+        if entry is None:
+            return None
+        return CoreChoice(entry["impl"], entry["kc"], bool(entry.get("wide", False))).fitting(spec, self.machine)
 
     def seconds(self, spec: CoreSpec, threads: int) -> float | None:
         """The fastest time measured for the core alone on ``threads`` (its chosen candidate's), or None."""
@@ -138,7 +147,7 @@ class TuningStore:
     def _put(self, spec: CoreSpec, threads: int, choice: CoreChoice, times_ms: Mapping[str, float]) -> None:
         self.entries = {**self.entries}
         self.entries[self.entry_key(spec, threads)] = {
-            "impl": choice.impl, "kc": choice.kc, "core": spec.describe(),
+            "impl": choice.impl, "kc": choice.kc, "wide": choice.wide, "core": spec.describe(),
             "times_ms": {k: round(v, 4) for k, v in times_ms.items()}}
 
     def _load(self) -> None:
@@ -162,12 +171,12 @@ def _kernels_digest() -> str:
     """The cores' C source (the kernel and the templates around it) and the candidates' rule: results
     measured on other code are not reused."""
     root = default_templates().directory
-    text = "".join((root / name).read_text() for name in CORE_TEMPLATES) + f"|{KC_MIN},{KC_MAX}|{MARGIN}"
+    text = "".join((root / name).read_text() for name in CORE_TEMPLATES) + f"|{KC_MIN},{KC_MAX}|{MARGIN}|{WIDE_KERNELS},{WIDE_MIN_ROWS}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _valid_entry(key: str, entry: Any) -> None:
-    CoreChoice(entry["impl"], entry["kc"])  # raises on an invalid choice
+    CoreChoice(entry["impl"], entry["kc"], bool(entry.get("wide", False)))  # raises on an invalid choice
 
 
 class Tuner:

@@ -21,8 +21,8 @@ AF_INTERNAL void k0_matmul_add_div_erf_mul(const float* restrict t_hidden, const
                 const int nlen = (int)(3072 - n0 < 384 ? 3072 - n0 : 384);
                 (void)b;
                 float* restrict c = tile;
-                AF_PACKED_FOR(32);
-                af_sgemm_packed(mlen, nlen, 768, 1024, 1.0f, t_hidden + (m0 * 768), 768, 1,
+                AF_WIDE_PACKED_FOR(48);
+                af_sgemm_packed_wide(mlen, nlen, 768, 1024, 1.0f, t_hidden + (m0 * 768), 768, 1,
                                 t_d_matmul_2_packed + n0 * 768, c, 384);
                 {
                     const int64_t lo = 0, hi = nlen;
