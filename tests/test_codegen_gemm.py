@@ -276,12 +276,12 @@ def _check_packed(run, m: int, n: int, k: int, kc: int, transposed: bool, alpha:
     stay untouched). ``wide``: the wide micro-kernel over its own 48-column panels."""
     import ctypes
 
-    from autofusion.codegen.cores import WIDE_KERNELS
+    from autofusion.codegen.cores import WIDE_KERNELS, requested_isa
     from autofusion.codegen.gemm import PACK_NR, pack_weights
 
     ptr = ctypes.POINTER(ctypes.c_float)
     w = f32(k, n)
-    cols, panel = (WIDE_KERNELS["avx512"][1],) * 2 if wide else (_slice_cols(isa), PACK_NR)
+    cols, panel = (WIDE_KERNELS[requested_isa(isa)][1],) * 2 if wide else (_slice_cols(isa), PACK_NR)
     packed = pack_weights(w, cols, panel)
     assert packed.shape == (-(-n // panel) * panel // cols, k, cols)
     a = f32(k, m + 2) if transposed else f32(m, k + 3)
@@ -314,35 +314,39 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
             _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
 
 
-def test_the_wide_micro_kernel_on_edge_shapes(tmp_path) -> None:
-    """af_sgemm_packed_wide (AVX-512: 8 rows x 48 columns over 48-column panels) against numpy: rows
-    around its 8-row blocks, columns around its slice, K across the passes of kc, A plain and
-    transposed. Built for AVX-512 on any machine; run where the CPU has it."""
-    run = _packed_runner(tmp_path, "avx512", wide=True)
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_the_wide_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
+    """af_sgemm_packed_wide (AVX-512: 8 rows x 48 columns, AVX2: 4 x 24, over panels of that width)
+    against numpy: rows around its row blocks, columns around its slice, K across the passes of kc,
+    A plain and transposed. Built for the instruction set on any machine; run where the CPU has it."""
+    run = _packed_runner(tmp_path, isa, wide=True)
     if run is None:
         from autofusion.runtime.toolchain import detect_toolchain
 
-        assert not detect_toolchain(isa="avx512").runnable  # compiled above; this CPU lacks AVX-512
+        assert not detect_toolchain(isa=isa).runnable  # compiled above; this CPU lacks the instructions
         return
-    for m in (1, 5, 7, 8, 9, 15, 16, 17, 31, 300):
-        for n in (1, 15, 16, 17, 47, 48, 49, 95, 96, 97, 300):
-            _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1, isa="avx512", wide=True)
+    for m in (1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 300):
+        for n in (1, 15, 16, 17, 23, 24, 25, 47, 48, 49, 95, 96, 97, 300):
+            _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1, isa=isa, wide=True)
     for k in (1, 7, 128, 129, 600):
         for kc in (128, 1024):
-            _check_packed(run, 9, 50, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 128 else 0.5, isa="avx512",
+            _check_packed(run, 9, 50, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 128 else 0.5, isa=isa,
                           wide=True)
 
 
 def test_a_weight_packed_for_the_wide_kernel_needs_it(tmp_path) -> None:
-    """An instruction set without the wide micro-kernel refuses a call site on wide panels at compile
-    time; AVX-512 takes it."""
+    """An instruction set without the wide micro-kernel, or with one of another width, refuses a call
+    site on wide panels at compile time; AVX-512 and AVX2 take their own."""
     import subprocess
 
     with pytest.raises(subprocess.CalledProcessError) as failed:
-        _af_sgemm_library(tmp_path, "void run(void) { AF_WIDE_PACKED_FOR(48); }", "avx2")
+        _af_sgemm_library(tmp_path, "void run(void) { AF_WIDE_PACKED_FOR(24); }", "avx")
     assert "packed for the wide micro-kernel" in failed.value.stderr
-    (tmp_path / "ok").mkdir()
-    _af_sgemm_library(tmp_path / "ok", "void run(void) { AF_WIDE_PACKED_FOR(48); }", "avx512")  # builds
+    with pytest.raises(subprocess.CalledProcessError):  # AVX2's is 24 columns wide
+        _af_sgemm_library(tmp_path, "void run(void) { AF_WIDE_PACKED_FOR(48); }", "avx2")
+    for isa, cols in (("avx512", 48), ("avx2", 24)):
+        (tmp_path / isa).mkdir()
+        _af_sgemm_library(tmp_path / isa, f"void run(void) {{ AF_WIDE_PACKED_FOR({cols}); }}", isa)  # builds
 
 
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 33])
@@ -356,8 +360,9 @@ def test_products_forced_onto_the_wide_kernel_match(m: int, n: int) -> None:
     x = b.input("x", (m, 300))
     y = b.op("Relu", b.op("Gemm", x, b.const(f32(300, n, scale=0.1)), b.const(f32(n)), alpha=0.5))
     code = check(b.build([y]), {"x": f32(m, 300)}, cores=FixedChooser(CoreChoice("packed", 128, wide=True)))
-    wide = this_machine().wide_kernel is not None
-    assert ("af_sgemm_packed_wide(" in code) == wide and ("AF_WIDE_PACKED_FOR(48)" in code) == wide
+    wide = this_machine().wide_kernel
+    assert ("af_sgemm_packed_wide(" in code) == (wide is not None)
+    assert wide is None or f"AF_WIDE_PACKED_FOR({wide[1]})" in code
 
 
 def test_horizontal_product_on_the_wide_kernel_splits_its_columns() -> None:

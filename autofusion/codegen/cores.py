@@ -31,10 +31,13 @@ from typing import Protocol
 
 # micro-kernel shape (rows, columns) of af_sgemm_packed per instruction set: templates/c/af_sgemm.c.j2
 MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable": (6, 8)}
-# the wide micro-kernel (af_sgemm_packed_wide), where the instruction set has one: 48-column panels
-# of their own, for products with constant weights whose width is a multiple of 48 (BERT's and
-# GPT-2's 768, 2,304 and 3,072): 0.91-0.95x the 12 x 32 kernel's time at 128 rows, level at 8
-WIDE_KERNELS = {"avx512": (8, 48)}
+# the wide micro-kernel (af_sgemm_packed_wide), where the instruction set has one, over panels of
+# its own width, for products with constant weights. AVX-512's: 0.91-0.95x the 12 x 32 kernel's
+# time on BERT's and GPT-2's products at 128 rows, level at 8; the default where the width is a
+# multiple of 48 (768, 2,304, 3,072). AVX2's 4 x 24 was 0.93-1.03x the 6 x 16 kernel's time built
+# for Haswell on the Xeon, never measured on an AVX2 CPU: a tuner candidate, not a default.
+WIDE_KERNELS = {"avx512": (8, 48), "avx2": (4, 24)}
+WIDE_BY_DEFAULT = frozenset({"avx512"})
 WIDE_MIN_ROWS = 16  # at 8 rows the wide kernel was no faster (1.03x; C harness, Xeon, 2 threads)
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
@@ -227,7 +230,8 @@ def wide_by_default(core: CoreSpec, machine: Machine) -> bool:
     """The untuned choice of the wide micro-kernel: where its panels need no padding and the rows
     are enough for its 8-row blocks to pay."""
     wide = machine.wide_kernel
-    return wide is not None and core.n % wide[1] == 0 and core.m >= WIDE_MIN_ROWS
+    return (wide is not None and machine.isa in WIDE_BY_DEFAULT and core.n % wide[1] == 0
+            and core.m >= WIDE_MIN_ROWS)
 
 
 class FixedChooser:

@@ -36,6 +36,7 @@ import numpy as np
 from autofusion.codegen.cores import (
     KC_MAX,
     KC_MIN,
+    WIDE_BY_DEFAULT,
     WIDE_KERNELS,
     WIDE_MIN_ROWS,
     CoreChoice,
@@ -171,7 +172,7 @@ def _kernels_digest() -> str:
     """The cores' C source (the kernel and the templates around it) and the candidates' rule: results
     measured on other code are not reused."""
     root = default_templates().directory
-    text = "".join((root / name).read_text() for name in CORE_TEMPLATES) + f"|{KC_MIN},{KC_MAX}|{MARGIN}|{WIDE_KERNELS},{WIDE_MIN_ROWS}"
+    text = "".join((root / name).read_text() for name in CORE_TEMPLATES) + f"|{KC_MIN},{KC_MAX}|{MARGIN}|{WIDE_KERNELS},{sorted(WIDE_BY_DEFAULT)},{WIDE_MIN_ROWS}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
