@@ -146,7 +146,7 @@ class CoreChoice:
     convolution's taps read in place from its zero-padded input instead of an im2col copy),
     ``depthwise`` (a depthwise convolution's taps summed straight from the input), ``repack`` (a B
     computed at run time packed per call, then the packed kernel), or OpenBLAS's ``blas``.
-    ``wide``: ``packed`` on the wide micro-kernel (WIDE_KERNELS) and its 48-column panels."""
+    ``wide``: ``packed`` on the wide micro-kernel (WIDE_KERNELS), over panels of its own width."""
 
     impl: str
     kc: int = 0
@@ -227,8 +227,8 @@ class DefaultChooser:
 
 
 def wide_by_default(core: CoreSpec, machine: Machine) -> bool:
-    """The untuned choice of the wide micro-kernel: where its panels need no padding and the rows
-    are enough for its 8-row blocks to pay."""
+    """The untuned choice of the wide micro-kernel, where it is measured to pay: its panels need no
+    padding and the rows fill its row blocks."""
     wide = machine.wide_kernel
     return (wide is not None and machine.isa in WIDE_BY_DEFAULT and core.n % wide[1] == 0
             and core.m >= WIDE_MIN_ROWS)
