@@ -34,9 +34,10 @@ MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable"
 # the wide micro-kernel (af_sgemm_packed_wide), where the instruction set has one, over panels of
 # its own width, for products with constant weights. AVX-512's: 0.91-0.95x the 12 x 32 kernel's
 # time on BERT's and GPT-2's products at 128 rows, level at 8; the default where the width is a
-# multiple of 48 (768, 2,304, 3,072). AVX2's 4 x 24 was 0.93-1.03x the 6 x 16 kernel's time built
-# for Haswell on the Xeon, never measured on an AVX2 CPU: a tuner candidate, not a default.
-WIDE_KERNELS = {"avx512": (8, 48), "avx2": (4, 24)}
+# multiple of 48 (768, 2,304, 3,072). AVX2 has none: a 4 x 24 kernel took 0.93-1.03x the 6 x 16
+# kernel's time built for Haswell on a Xeon, and 1.35-1.58x on BERT's products on a Zen 3 (tuner,
+# fastest of 7 rounds each), where it only cost tuning time.
+WIDE_KERNELS = {"avx512": (8, 48)}
 WIDE_BY_DEFAULT = frozenset({"avx512"})
 WIDE_MIN_ROWS = 16  # at 8 rows the wide kernel was no faster (1.03x; C harness, Xeon, 2 threads)
 ISAS = tuple(MICRO_KERNELS)
