@@ -287,7 +287,9 @@ def test_one_block_of_positions_copies_its_slab_once_for_every_channel_block() -
     kernel = render_plan(plan).kernels[0]
     slab = tap_slab(16, 8, 13, (3, 3), (2, 2), (1, 1))
     assert "once for every channel block" in kernel.code and kernel.scratch_bytes == slab.slab_bytes
-    assert kernel.thread_bytes == -(-16 * 9 * 4 // 64) * 64 + 2 * -(-64 * 104 * 4 // 64) * 64
+    # rows of 13 make short row blocks on every instruction set: the tiles hold the span at the slab's
+    # pitch (8 rows of 14 positions), padding columns included
+    assert kernel.thread_bytes == -(-16 * 9 * 4 // 64) * 64 + 2 * -(-64 * 8 * slab.width * 4 // 64) * 64
 
 
 def test_runs_reuse_each_threads_block_instead_of_fresh_pages() -> None:
@@ -597,3 +599,27 @@ def test_taps_row_blocks_by_instruction_set() -> None:
     assert [taps_block(w, 12) for w in (7, 14, 28, 56, 112)] == [7, 7, 9, 11, 11]
     assert [taps_block(w, 6) for w in (7, 14, 28, 56)] == [3, 4, 5, 5]
     assert taps_block(7, 6) < TAPS_MIN_BLOCK <= taps_block(7, 12)
+
+
+def test_narrow_rows_run_the_taps_kernel_as_one_span() -> None:
+    """Rows whose row blocks would be short (14 wide: 5 + 5 + 4 of AVX2's 6, 7 + 7 of AVX-512's 12)
+    run a task's rows as one span at the slab's pitch, padding columns computed and skipped when the
+    tile is turned; wider rows keep their own blocks. Against the reference, with a residual."""
+    from autofusion.codegen.conv import taps_span
+
+    assert [taps_span(w, 6) for w in (8, 9, 13, 14, 20, 28, 56)] == [True] * 4 + [False] * 3
+    assert [taps_span(w, 12) for w in (7, 13, 14, 28, 56)] == [True] * 3 + [False] * 2
+    for hw, spans in ((14, True), (28, False)):
+        b = GraphBuilder(f"span{hw}")
+        x, skip = b.input("x", (1, 32, hw, hw)), b.input("skip", (1, 64, hw, hw))
+        y = b.op("Add", b.op("Relu", b.op("Conv", x, b.const(f32(64, 32, 3, 3) * np.float32(0.2)), b.const(f32(64)),
+                                          pads=(1, 1, 1, 1))), skip)
+        g = b.build([y])
+        plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                    ZERO_COST, ZERO_COST)
+        model = CompiledModel(plan, cache=CACHE)
+        feeds = {"x": f32(1, 32, hw, hw), "skip": f32(1, 64, hw, hw)}
+        report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+        assert report.ok, report.summary()
+        code = "\n".join(k.code for k in model.source.kernels)
+        assert "af_sgemm_packed_taps(" in code and ("as one span at the slab's pitch" in code) == spans
