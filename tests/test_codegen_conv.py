@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from autofusion.codegen.conv import REPACK_MIN_K, TAPS_MIN_BLOCK, taps_block
+from autofusion.codegen.conv import REPACK_MIN_K
 from autofusion.codegen.cores import CoreChooser
 from autofusion.codegen.gemm import PACKED_MIN_COLUMNS
 from autofusion.decide import build_groups
@@ -426,6 +426,17 @@ def _taps_case(case: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, 
     return xs, ws, out_shape, {k: v for k, v in spec.items() if k in ("pads", "dilations", "group", "strides")}
 
 
+def _takes_taps(case: str, block_rows: int) -> bool:
+    """Whether a TAPS_CASES geometry's rows fit the taps kernel (else it takes im2col)."""
+    from autofusion.codegen.conv import taps_fit
+
+    _, ws, out_shape, attrs = _taps_case(case)
+    dilation, strides = attrs.get("dilations", (1,))[-1], attrs.get("strides", (1,))
+    pitch = out_shape[-1] + (ws[-1] - 1) * dilation // strides[-1]
+    span_rows = out_shape[-2] if len(out_shape) == 4 and set(strides) == {1} else 1  # spans against im2col: stride 1
+    return taps_fit(out_shape[-1], pitch, span_rows, block_rows)
+
+
 @pytest.mark.parametrize("impl", ["taps", "packed", "blas"])
 @pytest.mark.parametrize("case", sorted(TAPS_CASES))
 def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
@@ -449,7 +460,7 @@ def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
     assert report.ok, report.summary()
     code = "\n".join(k.code for k in model.source.kernels)
     # rows too narrow for the micro-kernel's row blocks (7 wide with AVX2's 6-row kernel) take im2col
-    taps = impl == "taps" and taps_block(out_shape[-1], model.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
+    taps = impl == "taps" and _takes_taps(case, model.chooser.machine.micro_kernel[0])
     assert ("af_sgemm_packed_taps(" in code) == taps
     assert ("im2col of the block" in code) == (not taps)
 
@@ -478,7 +489,7 @@ def test_convolutions_with_weights_given_at_run_time(case: str, impl: str) -> No
     repacked = impl == "repack" and k_rows >= REPACK_MIN_K  # fewer K rows stay with OpenBLAS
     assert ("af_pack_panels(" in code) == repacked and ("scipy_cblas_sgemm(" in code) == (not repacked)
     if repacked:
-        taps = taps_block(out_shape[-1], model.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
+        taps = _takes_taps(case, model.chooser.machine.micro_kernel[0])
         assert ("af_sgemm_packed_taps(" in code) == taps
 
 
@@ -593,7 +604,7 @@ def test_tap_slab_splits_a_strided_input_into_the_phases_its_taps_read() -> None
 
 def test_taps_row_blocks_by_instruction_set() -> None:
     """Rows are cut into blocks of at most the micro-kernel's rows, as even as they go: a 7-wide row
-    is one block of 7 with AVX-512's 12 rows, 4 + 3 with AVX2's 6 (too few for taps)."""
+    is one block of 7 with AVX-512's 12 rows, 4 + 3 with AVX2's 6 (too few: such rows run as one span)."""
     from autofusion.codegen.conv import TAPS_MIN_BLOCK, taps_block
 
     assert [taps_block(w, 12) for w in (7, 14, 28, 56, 112)] == [7, 7, 9, 11, 11]
@@ -607,8 +618,9 @@ def test_narrow_rows_run_the_taps_kernel_as_one_span() -> None:
     tile is turned; wider rows keep their own blocks. Against the reference, with a residual."""
     from autofusion.codegen.conv import taps_span
 
-    assert [taps_span(w, 6) for w in (8, 9, 13, 14, 20, 28, 56)] == [True] * 4 + [False] * 3
-    assert [taps_span(w, 12) for w in (7, 13, 14, 28, 56)] == [True] * 3 + [False] * 2
+    assert [taps_span(w, w + 2, 6) for w in (7, 8, 9, 13, 14, 20, 28, 56)] == [True] * 5 + [False] * 3
+    assert [taps_span(w, w + 2, 12) for w in (7, 13, 14, 28, 56)] == [True] * 3 + [False] * 2
+    assert not taps_span(3, 5, 6) and not taps_span(7, 10, 6)  # more padding than 30 % of a row
     for hw, spans in ((14, True), (28, False)):
         b = GraphBuilder(f"span{hw}")
         x, skip = b.input("x", (1, 32, hw, hw)), b.input("skip", (1, 64, hw, hw))

@@ -66,8 +66,9 @@ MAX_POOL_RECOMPUTE = 1.5  # blocks may compute at most this many convolution row
 
 # taps cut each output row into row blocks of the micro-kernel (af_sgemm_packed_taps); a block of
 # fewer rows has too few accumulators to cover the FMA latency (the AVX2 kernel's 7-wide rows: 4 + 3,
-# 2.0x OpenBLAS at 7 x 7), and such rows go to im2col, whose blocks span rows
+# 2.0x OpenBLAS at 7 x 7): such rows run as one span across rows (taps_span), or take im2col
 TAPS_MIN_BLOCK = 4
+SPAN_MAX_PADDING = 0.3  # 7 wide at pitch 9 (3x3, stride 1) computes 2 padding positions per row of 7
 
 
 def taps_block(width: int, block_rows: int) -> int:
@@ -75,12 +76,19 @@ def taps_block(width: int, block_rows: int) -> int:
     return width // -(-width // block_rows)
 
 
-def taps_span(width: int, block_rows: int) -> bool:
-    """Whether a task's output rows of ``width`` positions run through the taps kernel as one span
-    at the slab's pitch: where a row alone makes short blocks, full blocks across the row ends are
-    faster although they compute the padding columns between rows too (14 wide, pitch 16, AVX2's
-    6-row kernel: 0.87-0.88x the time of rows in blocks of 5, 5 and 4; C harness, Zen 3, one thread)."""
-    return taps_block(width, block_rows) * 3 <= block_rows * 2
+def taps_span(width: int, pitch: int, block_rows: int) -> bool:
+    """Whether a task's output rows of ``width`` positions, ``pitch`` apart in the slab, run through
+    the taps kernel as one span at the pitch: where a row alone makes short blocks, full blocks across
+    the row ends are faster although they compute the padding columns between rows too (14 wide,
+    pitch 16, AVX2's 6-row kernel: 0.87-0.88x the time of rows in blocks of 5, 5 and 4; C harness,
+    Zen 3, one thread), unless the padding is more than SPAN_MAX_PADDING of the row."""
+    return taps_block(width, block_rows) * 3 <= block_rows * 2 and pitch <= width * (1 + SPAN_MAX_PADDING)
+
+
+def taps_fit(width: int, pitch: int, rows: int, block_rows: int) -> bool:
+    """Whether the taps kernel takes ``rows`` output rows of ``width`` positions: in row blocks of at
+    least TAPS_MIN_BLOCK positions, or as one span (rows 7 wide with AVX2's 6-row kernel)."""
+    return taps_block(width, block_rows) >= TAPS_MIN_BLOCK or (rows > 1 and taps_span(width, pitch, block_rows))
 
 
 # the window's numbers the template reads (see _Conv._geometry)
@@ -210,8 +218,14 @@ class _Conv:
                     tuple(win.dilations), (geo["groups"],))
         # one plane (no depth, no depth padding, no negative pads, which crop): split into its stride phases, the padded
         # input makes output positions an affine walk for every tap, so the taps can be read in place
+        # rows too short for row blocks run as one span, against im2col, only with stride 1, where im2col
+        # copies the input once per tap (7 x 7, 3x3: 0.81-0.89x im2col's time; stride 2 0.99-1.13x, 1x1
+        # stride 2 1.09-1.26x; Zen 3, in the model), and without a pooling epilogue, whose blocks keep
+        # their rows apart
+        span_rows = geo["oh"] if pool is None and (geo["sh"], geo["sw"]) == (1, 1) else 1
+        pitch = geo["ow"] + (geo["kw"] - 1) * geo["dw"] // geo["sw"]
         direct_ok = ((packable or repackable) and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1 and geo["pd"] == 0
-                     and taps_block(geo["ow"], self.k.chooser.machine.micro_kernel[0]) >= TAPS_MIN_BLOCK
+                     and taps_fit(geo["ow"], pitch, span_rows, self.k.chooser.machine.micro_kernel[0])
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=geo["n_img"] * geo["groups"],
@@ -260,7 +274,7 @@ class _Conv:
         if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
             direct = tap_slab(geo["cg"], pb // ow, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]),
                               (geo["dh"], geo["dw"]))
-            span = packed and pb > ow and taps_span(ow, self.k.chooser.machine.micro_kernel[0])
+            span = packed and pb > ow and taps_span(ow, direct.width, self.k.chooser.machine.micro_kernel[0])
         if packed:  # the product's tile is [positions x channels]; the epilogue reads it turned channel-major
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
             c_ptr, ldc = "tile_t", pb
