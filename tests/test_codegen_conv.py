@@ -277,7 +277,8 @@ def test_one_block_of_positions_copies_its_slab_once_for_every_channel_block() -
     threads, into the kernel's scratch (counted there), not once per channel block's task; each
     thread keeps only its offsets and tiles."""
     from autofusion.codegen import render_plan
-    from autofusion.codegen.conv import tap_slab
+    from autofusion.codegen.conv import tap_slab, taps_span
+    from autofusion.codegen.cores import this_machine
 
     b = GraphBuilder("conv_shared_slab")
     x = b.input("x", (1, 16, 15, 25))  # 8 output rows of 13: wide enough for every ISA's row blocks
@@ -287,9 +288,11 @@ def test_one_block_of_positions_copies_its_slab_once_for_every_channel_block() -
     kernel = render_plan(plan).kernels[0]
     slab = tap_slab(16, 8, 13, (3, 3), (2, 2), (1, 1))
     assert "once for every channel block" in kernel.code and kernel.scratch_bytes == slab.slab_bytes
-    # rows of 13 make short row blocks on every instruction set: the tiles hold the span at the slab's
-    # pitch (8 rows of 14 positions), padding columns included
-    assert kernel.thread_bytes == -(-16 * 9 * 4 // 64) * 64 + 2 * -(-64 * 8 * slab.width * 4 // 64) * 64
+    # rows of 13 are blocks of 4 + 4 + 5 with AVX2's 6-row kernel: its tiles hold the span at the slab's
+    # pitch (8 rows of 14 positions), padding columns included; AVX-512's 6 + 7 keep 8 rows of 13
+    spans = taps_span(13, slab.width, this_machine().micro_kernel[0])
+    tile = 64 * 8 * (slab.width if spans else 13)
+    assert kernel.thread_bytes == -(-16 * 9 * 4 // 64) * 64 + 2 * -(-tile * 4 // 64) * 64
 
 
 def test_runs_reuse_each_threads_block_instead_of_fresh_pages() -> None:
@@ -613,15 +616,21 @@ def test_taps_row_blocks_by_instruction_set() -> None:
 
 
 def test_narrow_rows_run_the_taps_kernel_as_one_span() -> None:
-    """Rows whose row blocks would be short (14 wide: 5 + 5 + 4 of AVX2's 6, 7 + 7 of AVX-512's 12)
+    """Rows whose row blocks would have at most 4 positions (14 wide: 5 + 5 + 4 of AVX2's 6 rows)
     run a task's rows as one span at the slab's pitch, padding columns computed and skipped when the
-    tile is turned; wider rows keep their own blocks. Against the reference, with a residual."""
+    tile is turned; wider rows, and AVX-512's blocks of 7, keep their own blocks. Built for AVX2 (any
+    x86-64 CPU with AVX-512 runs it too), against the reference, with a residual."""
     from autofusion.codegen.conv import taps_span
+    from autofusion.codegen.cores import CoreChoice, FixedChooser, Machine
+    from autofusion.runtime.toolchain import detect_toolchain
 
     assert [taps_span(w, w + 2, 6) for w in (7, 8, 9, 13, 14, 20, 28, 56)] == [True] * 5 + [False] * 3
-    assert [taps_span(w, w + 2, 12) for w in (7, 13, 14, 28, 56)] == [True] * 3 + [False] * 2
+    assert not any(taps_span(w, w + 2, 12) for w in (7, 13, 14, 28, 56))
     assert not taps_span(3, 5, 6) and not taps_span(7, 10, 6)  # more padding than 30 % of a row
-    for hw, spans in ((14, True), (28, False)):
+    tc = detect_toolchain(isa="avx2")
+    if not tc.runnable:
+        pytest.skip("this CPU cannot run avx2 code")
+    for hw, spans in ((7, True), (14, True), (28, False)):
         b = GraphBuilder(f"span{hw}")
         x, skip = b.input("x", (1, 32, hw, hw)), b.input("skip", (1, 64, hw, hw))
         y = b.op("Add", b.op("Relu", b.op("Conv", x, b.const(f32(64, 32, 3, 3) * np.float32(0.2)), b.const(f32(64)),
@@ -629,7 +638,8 @@ def test_narrow_rows_run_the_taps_kernel_as_one_span() -> None:
         g = b.build([y])
         plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
                     ZERO_COST, ZERO_COST)
-        model = CompiledModel(plan, cache=CACHE)
+        model = CompiledModel(plan, cache=CACHE, toolchain=tc, cores=FixedChooser(CoreChoice("taps", 256),
+                                                                                  Machine("avx2")))
         feeds = {"x": f32(1, 32, hw, hw), "skip": f32(1, 64, hw, hw)}
         report = compare_outputs(run_graph(g, feeds), model.run(feeds))
         assert report.ok, report.summary()

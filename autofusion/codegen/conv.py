@@ -69,6 +69,11 @@ MAX_POOL_RECOMPUTE = 1.5  # blocks may compute at most this many convolution row
 # 2.0x OpenBLAS at 7 x 7): such rows run as one span across rows (taps_span), or take im2col
 TAPS_MIN_BLOCK = 4
 SPAN_MAX_PADDING = 0.3  # 7 wide at pitch 9 (3x3, stride 1) computes 2 padding positions per row of 7
+# a block of 4 rows x 2 vectors holds 8 accumulators, just the FMA latency of two units: rows cut into
+# such blocks run as a span (AVX2's 6-row kernel at 7, 13 and 14 wide). AVX-512's 12-row kernel cuts
+# ResNet's rows into blocks of 7 or more; walking its rows at the pitch was slower than im2col there
+# before rows were cut into blocks (docs/benchmarks.md, af_sgemm_packed_taps)
+SPAN_MAX_BLOCK = 4
 
 
 def taps_block(width: int, block_rows: int) -> int:
@@ -78,11 +83,12 @@ def taps_block(width: int, block_rows: int) -> int:
 
 def taps_span(width: int, pitch: int, block_rows: int) -> bool:
     """Whether a task's output rows of ``width`` positions, ``pitch`` apart in the slab, run through
-    the taps kernel as one span at the pitch: where a row alone makes short blocks, full blocks across
-    the row ends are faster although they compute the padding columns between rows too (14 wide,
-    pitch 16, AVX2's 6-row kernel: 0.87-0.88x the time of rows in blocks of 5, 5 and 4; C harness,
-    Zen 3, one thread), unless the padding is more than SPAN_MAX_PADDING of the row."""
-    return taps_block(width, block_rows) * 3 <= block_rows * 2 and pitch <= width * (1 + SPAN_MAX_PADDING)
+    the taps kernel as one span at the pitch: where a row alone makes blocks of at most
+    SPAN_MAX_BLOCK positions, full blocks across the row ends are faster although they compute the
+    padding columns between rows too (14 wide, pitch 16, AVX2's 6-row kernel: 0.87-0.88x the time of
+    rows in blocks of 5, 5 and 4; C harness, Zen 3, one thread), unless the padding is more than
+    SPAN_MAX_PADDING of the row."""
+    return taps_block(width, block_rows) <= SPAN_MAX_BLOCK < block_rows and pitch <= width * (1 + SPAN_MAX_PADDING)
 
 
 def taps_fit(width: int, pitch: int, rows: int, block_rows: int) -> bool:
