@@ -397,6 +397,9 @@ TAPS_CASES = {
     "strides_2x3_asymmetric": dict(x=(1, 8, 14, 17), w=(32, 8, 3, 4), pads=(1, 0, 0, 2), strides=(2, 3)),
     "3x3_stride2_layer4": dict(x=(1, 32, 14, 14), w=(64, 32, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),
     "1d_stride3": dict(x=(2, 16, 51), w=(32, 16, 5), pads=(2, 1), strides=(3,)),
+    # rows of 14: one span per task at AVX2's pitch, per image of a batch, and dilated (pitch 18)
+    "14_wide_batch2": dict(x=(2, 16, 14, 14), w=(32, 16, 3, 3), pads=(1, 1, 1, 1)),
+    "14_wide_dilation2": dict(x=(1, 16, 14, 14), w=(32, 16, 3, 3), pads=(2, 2, 2, 2), dilations=(2, 2)),
 }
 
 
