@@ -281,7 +281,7 @@ def test_one_block_of_positions_copies_its_slab_once_for_every_channel_block() -
     from autofusion.codegen.cores import this_machine
 
     b = GraphBuilder("conv_shared_slab")
-    x = b.input("x", (1, 16, 15, 25))  # 8 output rows of 13: wide enough for every ISA's row blocks
+    x = b.input("x", (1, 16, 15, 25))  # 8 output rows of 13: the taps form on every ISA
     g = b.build([b.op("Conv", x, b.const(f32(80, 16, 3, 3)), pads=(1, 1, 1, 1), strides=(2, 2))])
     plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
                 ZERO_COST, ZERO_COST)
@@ -434,11 +434,11 @@ def _taps_case(case: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, 
 
 def _takes_taps(case: str, block_rows: int) -> bool:
     """Whether a TAPS_CASES geometry's rows fit the taps kernel (else it takes im2col)."""
-    from autofusion.codegen.conv import taps_fit
+    from autofusion.codegen.conv import slab_pitch, taps_fit
 
     _, ws, out_shape, attrs = _taps_case(case)
     dilation, strides = attrs.get("dilations", (1,))[-1], attrs.get("strides", (1,))
-    pitch = out_shape[-1] + (ws[-1] - 1) * dilation // strides[-1]
+    pitch = slab_pitch(out_shape[-1], ws[-1], strides[-1], dilation)
     span_rows = out_shape[-2] if len(out_shape) == 4 and set(strides) == {1} else 1  # spans against im2col: stride 1
     return taps_fit(out_shape[-1], pitch, span_rows, block_rows)
 
@@ -465,7 +465,8 @@ def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
     report = compare_outputs(run_graph(g, feeds), model.run(feeds))
     assert report.ok, report.summary()
     code = "\n".join(k.code for k in model.source.kernels)
-    # rows too narrow for the micro-kernel's row blocks (7 wide with AVX2's 6-row kernel) take im2col
+    # rows too narrow for the micro-kernel's row blocks take im2col, unless they run as one span
+    # (7 wide, stride 1, with AVX2's 6-row kernel)
     taps = impl == "taps" and _takes_taps(case, model.chooser.machine.micro_kernel[0])
     assert ("af_sgemm_packed_taps(" in code) == taps
     assert ("im2col of the block" in code) == (not taps)

@@ -229,7 +229,7 @@ class _Conv:
         # stride 2 1.09-1.26x; Zen 3, in the model), and without a pooling epilogue, whose blocks keep
         # their rows apart
         span_rows = geo["oh"] if pool is None and (geo["sh"], geo["sw"]) == (1, 1) else 1
-        pitch = geo["ow"] + (geo["kw"] - 1) * geo["dw"] // geo["sw"]
+        pitch = slab_pitch(geo["ow"], geo["kw"], geo["sw"], geo["dw"])
         direct_ok = ((packable or repackable) and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1 and geo["pd"] == 0
                      and taps_fit(geo["ow"], pitch, span_rows, self.k.chooser.machine.micro_kernel[0])
                      and min(win.pad_begin + win.pad_end) >= 0)
@@ -280,7 +280,7 @@ class _Conv:
         if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
             direct = tap_slab(geo["cg"], pb // ow, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]),
                               (geo["dh"], geo["dw"]))
-            span = packed and pb > ow and taps_span(ow, direct.width, self.k.chooser.machine.micro_kernel[0])
+            span = pb > ow and taps_span(ow, direct.width, self.k.chooser.machine.micro_kernel[0])
         if packed:  # the product's tile is [positions x channels]; the epilogue reads it turned channel-major
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
             c_ptr, ldc = "tile_t", pb
@@ -570,6 +570,11 @@ class TapSlab:
         return -(-self.channels * self.channel * 4 // 64) * 64
 
 
+def slab_pitch(ow: int, kw: int, sw: int, dw: int) -> int:
+    """Floats per row of a TapSlab plane: the output width plus the taps' reach beyond it."""
+    return ow + (kw - 1) * dw // sw
+
+
 def tap_slab(channels: int, out_rows: int, ow: int, kernel: tuple[int, int], strides: tuple[int, int],
              dilations: tuple[int, int]) -> TapSlab:
     """The slab for blocks of ``out_rows`` output rows of width ``ow`` (see :class:`TapSlab`)."""
@@ -578,7 +583,7 @@ def tap_slab(channels: int, out_rows: int, ow: int, kernel: tuple[int, int], str
     col_phases = tuple(sorted({j * dw % sw for j in range(kw)}))
     offsets = tuple((row_phases.index(i * dh % sh) * len(col_phases) + col_phases.index(j * dw % sw),
                      i * dh // sh, j * dw // sw) for i in range(kh) for j in range(kw))
-    return TapSlab(channels, out_rows + (kh - 1) * dh // sh, ow + (kw - 1) * dw // sw, row_phases, col_phases,
+    return TapSlab(channels, out_rows + (kh - 1) * dh // sh, slab_pitch(ow, kw, sw, dw), row_phases, col_phases,
                    offsets)
 
 
