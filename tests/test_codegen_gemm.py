@@ -309,7 +309,7 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
     for m in (1, 5, 6, 7, 11, 12, 13, 31, 300):
         for n in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 97, 300):
             _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1, isa=isa)
-    for k in (1, 2, 7, 127, 128, 129, 257, 600):
+    for k in (1, 2, 7, 127, 128, 129, 257, 600, 901):  # 901: passes of 226, 225, 225, 225 at kc 256
         for kc in (128, 256, 1024):
             _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
 
@@ -542,15 +542,15 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
     ptr, i32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int
     run.argtypes = [i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr, ctypes.POINTER(ctypes.c_int32), ptr, ptr,
                     i32]
-    for ow, rows, n, kc in ((1, 3, 5, 1024), (5, 2, 33, 128), (6, 2, 32, 1024), (7, 3, 17, 128),
-                            (11, 1, 40, 1024), (12, 2, 8, 128), (13, 2, 64, 1024), (14, 3, 31, 128),
-                            (25, 2, 70, 1024), (56, 1, 16, 128)):
+    for ow, rows, n, kc in ((1, 3, 5, 1024), (5, 2, 33, 64), (6, 2, 32, 1024), (7, 3, 17, 40),
+                            (11, 1, 40, 1024), (12, 2, 8, 64), (13, 2, 64, 1024), (14, 3, 31, 40),
+                            (25, 2, 70, 1024), (56, 1, 16, 64)):
         pitch, channels = ow + 2, 17
         plane = (rows + 2) * pitch
         slab = f32(channels * plane)
         offs = np.array([ch * plane + dy * pitch + dx for ch in range(channels) for dy in range(3) for dx in range(3)],
                         np.int32)
-        k = len(offs)  # 153: two passes of 128
+        k = len(offs)  # 153: two passes of 77 and 76 at kc 64, four of 39, 38, 38, 38 at kc 40
         w = f32(k, n)
         a = np.stack([slab[y * pitch + x + offs] for y in range(rows) for x in range(ow)])  # [rows * ow, k]
         c = np.full((rows * ow, n + 3), np.nan, np.float32)

@@ -17,6 +17,7 @@ from autofusion.codegen.cores import (
     DefaultChooser,
     FixedChooser,
     Machine,
+    k_pass,
     native_isa,
 )
 from autofusion.decide import build_groups
@@ -133,6 +134,19 @@ def test_candidates_are_the_default_other_blockings_and_openblas() -> None:
     # K = 100: one pass whatever the blocking
     assert candidates(CoreSpec("gemm", 128, 768, 100, packable=True), MACHINE) == [
         CoreChoice("packed", 512), CoreChoice("blas")]
+    # K = 576 (ResNet's 3 x 3 x 64): 512 and 1,024 both make one pass of 576 rows, timed once
+    assert candidates(CoreSpec("conv", 3136, 64, 576, packable=True), MACHINE) == [
+        CoreChoice("packed", 512), CoreChoice("packed", 128), CoreChoice("packed", 256), CoreChoice("blas")]
+
+
+def test_k_is_cut_into_passes_of_nearly_equal_length() -> None:
+    assert [k_pass(k, 512) for k in (100, 512, 576, 768, 1152, 2304, 3072, 4608)] == [
+        100, 512, 576, 384, 576, 461, 512, 512]
+    assert k_pass(2304, 1024) == 1152 and k_pass(600, 128) == 120 and k_pass(5, 0) == 5
+    for k in range(1, 700, 7):  # passes of at most 1.5 kc + 1, the last one short by less than a pass
+        for kc in (64, 128, 512):
+            step, passes = k_pass(k, kc), -(-k // k_pass(k, kc))
+            assert step <= max(k, kc * 3 // 2 + 1) and k - (passes - 1) * step > step - passes
 
 
 def test_a_core_spec_key_tells_cores_apart() -> None:
@@ -379,14 +393,14 @@ def test_a_convolution_with_its_weight_given_at_run_time_is_tuned_with_it_as_an_
     geometry = ((8, 32, 32, 32), (64, 32, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1,))
     spec = CoreSpec("conv", 256, 64, 288, False, 8, geometry, taps=True, repackable=True)
     assert tunable(spec) and spec.key() != CoreSpec("conv", 256, 64, 288, True, 8, geometry, taps=True).key()
-    assert candidates(spec, MACHINE) == [CoreChoice("repack", 512), CoreChoice("repack", 128), CoreChoice("repack", 256),
-                                        CoreChoice("blas")]
+    # K = 288: one pass at 256 rows as at 512 (k_pass), so 256 is not timed again
+    assert candidates(spec, MACHINE) == [CoreChoice("repack", 512), CoreChoice("repack", 128), CoreChoice("blas")]
     g, feeds = core_graph(spec)
     assert g.inputs == ("x", "w") and feeds["w"].shape == (64, 32, 3, 3)
     times = {c: 3e-4 for c in candidates(spec, MACHINE)}
     times[CoreChoice("blas")] = 1e-4
     built: list[CoreChoice] = []
-    assert _tuner(tmp_path, times, built).choose(spec) == CoreChoice("blas") and len(built) == 4
+    assert _tuner(tmp_path, times, built).choose(spec) == CoreChoice("blas") and len(built) == 3
 
 
 def test_a_transposed_a_takes_passes_whose_rows_fit_a_quarter_of_l2() -> None:

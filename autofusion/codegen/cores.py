@@ -43,6 +43,15 @@ WIDE_MIN_ROWS = 16  # at 8 rows the wide kernel was no faster (1.03x; C harness,
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_COLUMNS = 32  # columns of a packed panel (PACK_NR, codegen/gemm.py); the wide kernel's are its own
+
+
+def k_pass(k: int, kc: int) -> int:
+    """Rows of K per pass for a kernel called with ``kc`` (af_k_pass in af_sgemm.c.j2): K / kc passes
+    rounded to nearest, of nearly equal length, so that 576 at kc 512 is one pass, not 512 + 64."""
+    if kc < 1 or kc >= k:
+        return k
+    passes = (2 * k + kc) // (2 * kc)
+    return -(-k // passes)
 # "taps": packed weights, a convolution's taps read in place; "depthwise": one input channel per
 # output channel, its taps accumulated straight from the input (no product to hand a GEMM);
 # "repack": B is computed at run time (attention), packed per call into the same panels
