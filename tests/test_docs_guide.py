@@ -45,7 +45,7 @@ def test_guide_commands_succeed(workdir: Path, capsys: pytest.CaptureFixture[str
 
 def test_guide_python_runs(workdir: Path) -> None:
     blocks = _blocks("python")
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     for block in blocks:
         if "import torch" in block:
             pytest.importorskip("torch", reason="the PyTorch section needs torch")

@@ -40,11 +40,14 @@ from autofusion.frontends.onnx_structure import (
     read_node,
     topological,
 )
+from autofusion.frontends.shape_values import UndecidedShapeValue, fold_symbolic
+from autofusion.graph.dims import assumptions, symbol
 from autofusion.graph.graph import Const, FrozenMap, Graph, Node, freeze_attrs
 from autofusion.graph.types import TensorType
 from autofusion.ir.infer import infer_node
 from autofusion.ir.verify import VerifyError, verify
 from autofusion.ops.catalog import default_registry
+from autofusion.ops.indexing import shape_range
 from autofusion.ops.registry import OpRegistry, ShapeError, UnknownOpError
 
 __all__ = ["OnnxImportError", "load_onnx"]
@@ -65,6 +68,7 @@ def load_onnx(
     base_dir: str | os.PathLike[str] | None = None,
     values: Mapping[str, Any] | None = None,
     feeds: Mapping[str, Any] | None = None,
+    symbolic: bool = False,
 ) -> Graph:
     """Import an ONNX model (file path, bytes or ``onnx.ModelProto``) as a verified IR graph.
 
@@ -73,7 +77,10 @@ def load_onnx(
     will pass them) bind the rest from their shapes: see :func:`dims_of_feeds`. ``values`` fixes
     graph inputs to constant arrays (needed when a shape depends on an input's value, e.g. Expand's
     target shape fed as an input); they are no longer graph inputs. ``base_dir`` locates external
-    data for bytes or protos.
+    data for bytes or protos. ``symbolic=True`` keeps the dimensions neither binds as symbols (sizes
+    known at run time): the graph's shapes are then expressions over them, and
+    :func:`autofusion.ir.symbolic.bind` makes the static graph of a binding; without it an unbound
+    dimension is an error.
     """
     registry = registry or default_registry()
     model, where = load_model(source, base_dir)
@@ -84,10 +91,10 @@ def load_onnx(
         if bound.setdefault(name, size) != size:
             raise OnnxImportError(f"dimension {name!r} is bound to {bound[name]}, but {seen} has {size}")
     try:
-        return _import_graph(model.graph, bound, registry, where, dict(values or {}), _Opset(opset, legacy))
+        return _import_graph(model.graph, bound, registry, where, dict(values or {}), _Opset(opset, legacy), symbolic)
     except OnnxImportError:
         raise
-    except (ShapeError, UnknownOpError, VerifyError) as e:
+    except (ShapeError, UnknownOpError, VerifyError, UndecidedShapeValue) as e:
         raise OnnxImportError(f"{where}: {e}") from None
     except (ValueError, TypeError, KeyError, IndexError) as e:  # bad input must not end in a traceback
         raise OnnxImportError(f"{where}: cannot import: {type(e).__name__}: {e}") from None
@@ -124,7 +131,7 @@ def dims_of_feeds(graph: onnx.GraphProto, feeds: Mapping[str, Any]) -> dict[str,
 
 
 def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegistry, where: str,
-                  values: dict[str, Any], opset: _Opset) -> Graph:
+                  values: dict[str, Any], opset: _Opset, symbolic: bool = False) -> Graph:
     initializers = {t.name: t for t in graph.initializer}
     declared = [v.name for v in graph.input if v.name not in initializers]
     unknown = sorted(set(values) - set(declared))
@@ -140,11 +147,14 @@ def _import_graph(graph: onnx.GraphProto, dims: dict[str, int], registry: OpRegi
     nodes = live_nodes(every_node, output_names)
     check_supported(nodes, registry)
     ordered = topological(nodes, defined, output_names)
-    types = _input_types(graph, input_names, dims)
+    types = _input_types(graph, input_names, _SymbolsForUnbound(dims) if symbolic else dims)
     consts = {name: Const(tensor_value(t, f"initializer {name!r}")) for name, t in initializers.items()}
     consts.update(_fixed_inputs(graph, values))
     importer = _Importer(registry, types, consts, opset)
-    result = importer.run(graph.name or "model", input_names, ordered, output_names)
+    with assumptions() as bounds:  # what the model's shapes take for granted of symbolic sizes
+        result = importer.run(graph.name or "model", input_names, ordered, output_names)
+    if bounds:
+        result = result.replace(bounds=FrozenMap(sorted(bounds.items())))
     _check_declared_output_types(graph, result)
     return result
 
@@ -180,6 +190,16 @@ class _AnyDims(dict):  # type: ignore[type-arg]
         return 1
 
 
+class _SymbolsForUnbound(dict):  # type: ignore[type-arg]
+    """The bound sizes, and for every other dimension the symbol of its name (``batch``, or
+    ``INPUT[AXIS]`` for an unnamed one)."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        return default if isinstance(default, int) else symbol(str(key))
+
+
 MAX_INPUT_BYTES = 1 << 48  # 256 TiB: a declared input beyond this is a broken model, not a big one
 
 
@@ -192,7 +212,7 @@ def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str
         for sym in missing:
             unbound.setdefault(sym, []).append(name)
         if t is not None:
-            nbytes = math.prod(t.shape) * t.dtype.itemsize
+            nbytes = math.prod(d for d in t.shape if isinstance(d, int)) * t.dtype.itemsize
             if nbytes > MAX_INPUT_BYTES:
                 raise OnnxImportError(f"graph input {name!r} declares shape {list(t.shape)} ({nbytes:.3g} bytes), "
                                       f"beyond any machine's memory: is the model or a --dim binding wrong?")
@@ -250,8 +270,8 @@ class _Importer:
         if n.op == "Split" and (len(inputs) < 2 or not inputs[1]) and "split" not in attrs:
             attrs.setdefault("num_outputs", len(n.outputs))  # the IR carries the part count on the node
         if all(i in self.consts for i in inputs if i) or n.op in ("Shape", "Size"):
-            self.fold(n, inputs, attrs)  # static shapes: Shape and Size are known at import time
-            return
+            if self.fold(n, inputs, attrs):  # static shapes: Shape and Size are known at import time
+                return
         node = Node(n.op, inputs, n.outputs, self.freeze(n, attrs), self.unique_name(n))
         try:
             out_types = infer_node(node, self.types, self.consts, self.registry)
@@ -307,7 +327,9 @@ class _Importer:
         return (f"; the value depends on graph input(s) {sorted(sources)}, and static shapes need it known: "
                 f"fix them with values={{{names}}}")
 
-    def fold(self, n: OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> None:
+    def fold(self, n: OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> bool:
+        """Evaluate ``n`` at import; False when its inputs are symbolic constants it cannot fold
+        (it then stays a node)."""
         opdef = self.registry[n.op]
         args: list[np.ndarray | None] = []
         for i in inputs:
@@ -315,17 +337,36 @@ class _Importer:
                 args.append(None)
             elif i in self.consts:
                 args.append(self.consts[i].array)
+            elif not self.types[i].is_static:  # Shape/Size of a tensor of symbolic sizes
+                args.append(None)
             else:  # Shape/Size of a non-constant tensor: only its type matters (a zero-stride stand-in)
                 t = self.types[i]
                 args.append(np.broadcast_to(np.zeros((), t.dtype.numpy), t.shape))
         try:
             with np.errstate(all="ignore"):
-                values = opdef.reference(args, attrs)
+                if any(a is not None and a.dtype == object for a in args) or (args and args[0] is None):
+                    values = self.fold_symbolic(n, inputs, args, attrs)
+                    if values is None:
+                        return False
+                else:
+                    values = opdef.reference(args, attrs)
+        except UndecidedShapeValue as e:
+            raise OnnxImportError(f"{n.label}: {e}; bind that size (dims=...) to import the model") from None
         except (ShapeError, ValueError, IndexError, TypeError, KeyError, AssertionError) as e:
             raise OnnxImportError(f"{n.label}: evaluating it on constant inputs failed: {e}") from None
         for o, v in zip(n.outputs, values):
             if o:
                 self.set_const(o, np.asarray(v), n)
+        return True
+
+    def fold_symbolic(self, n: OnnxNode, inputs: tuple[str, ...], args: list[np.ndarray | None],
+                      attrs: dict[str, Any]) -> tuple[np.ndarray, ...] | None:
+        if n.op in ("Shape", "Size"):  # of a symbolic constant, or of a tensor of symbolic sizes
+            shape = self.types[inputs[0]].shape
+            if n.op == "Size":
+                return (_object_array([math.prod(shape)]).reshape(()),)
+            return (_object_array(list(shape))[shape_range(len(shape), attrs.get)],)
+        return fold_symbolic(n.op, args, attrs, self.registry[n.op].reference)
 
     def set_const(self, name: str, value: np.ndarray, n: OnnxNode) -> None:
         try:
@@ -337,6 +378,10 @@ class _Importer:
         self.types[name] = t
 
     def freeze(self, n: OnnxNode, attrs: Mapping[str, Any]) -> Any:
+        value = attrs.get("value")
+        if n.op == "ConstantOfShape" and isinstance(value, np.ndarray) and value.size == 1 \
+                and value.dtype in (np.float32, np.int64, np.bool_):  # of a symbolic shape: a scalar keeps it
+            attrs = {**attrs, "value": value.reshape(()).item()}
         for k, v in attrs.items():
             if isinstance(v, np.ndarray):
                 raise OnnxImportError(f"{n.label}: tensor attribute {k!r} on a node that does not fold to a "
@@ -374,6 +419,12 @@ class _Importer:
         if renames:
             self.nodes = [n.replace(inputs=tuple(renames.get(i, i) for i in n.inputs),
                                     outputs=tuple(renames.get(o, o) for o in n.outputs)) for n in self.nodes]
+
+
+def _object_array(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
 
 
 def _prune(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:

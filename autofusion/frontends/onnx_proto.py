@@ -205,7 +205,7 @@ def input_type(value_info: onnx.ValueInfoProto, dims: Mapping[str, int]) -> tupl
     dtype = element_type(tt.elem_type, f"graph input {name!r}")
     if not tt.HasField("shape"):
         raise OnnxImportError(f"graph input {name!r} has no shape (rank unknown); re-export with static shapes")
-    shape: list[int] = []
+    shape: list[Any] = []
     unbound: list[str] = []
     for axis, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value") and d.dim_value >= 0:
@@ -215,6 +215,8 @@ def input_type(value_info: onnx.ValueInfoProto, dims: Mapping[str, int]) -> tupl
         value = dims.get(key, dims.get(f"{name}[{axis}]"))
         if value is None:
             unbound.append(key)
+        elif not isinstance(value, (int, np.integer)):  # a symbol: the size is known at run time
+            shape.append(value)
         else:
             if int(value) < 0:
                 raise OnnxImportError(f"dims[{key!r}] = {value} is negative")

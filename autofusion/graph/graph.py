@@ -86,25 +86,40 @@ def freeze_attrs(attrs: Mapping[str, Any] | None) -> FrozenMap[str, AttrValue]:
 
 @dataclass(frozen=True, eq=False)
 class Const:
-    """A constant tensor. Read-only; equality and hash by content."""
+    """A constant tensor. Read-only; equality and hash by content.
+
+    In a graph with symbolic dimensions a shape computed at import (a Reshape's target, a Range's
+    limit) is a symbolic constant: an int64 tensor held as an object array whose elements are ints
+    or sympy expressions (:mod:`autofusion.graph.dims`); one without any symbol is stored as int64."""
 
     array: np.ndarray
 
     def __post_init__(self) -> None:
         arr = np.array(self.array, copy=True)  # own a private copy so nobody can mutate it
+        if arr.dtype == object:
+            arr = _symbolic_values(arr)
         arr.setflags(write=False)
         object.__setattr__(self, "array", arr)
+
+    @property
+    def is_symbolic(self) -> bool:
+        return self.array.dtype == object
 
     @functools.cached_property
     def digest(self) -> str:
         h = hashlib.sha256()
         h.update(str(self.array.dtype).encode())
         h.update(str(self.array.shape).encode())
-        h.update(np.ascontiguousarray(self.array).tobytes())
+        if self.is_symbolic:
+            h.update(repr(self.array.tolist()).encode())
+        else:
+            h.update(np.ascontiguousarray(self.array).tobytes())
         return h.hexdigest()
 
     @property
     def type(self) -> TensorType:
+        if self.is_symbolic:
+            return TensorType(tuple(int(d) for d in self.array.shape), DType.INT64)
         return TensorType.of(self.array)
 
     def __hash__(self) -> int:
@@ -115,6 +130,24 @@ class Const:
 
     def __repr__(self) -> str:
         return f"Const({self.type})"
+
+
+def _symbolic_values(arr: np.ndarray) -> np.ndarray:
+    """An object array of integer values, some symbolic: each kept an int or a sympy expression; as
+    int64 when none is symbolic."""
+    values = []
+    for v in arr.reshape(-1).tolist():
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            values.append(int(v))
+        elif type(v).__module__.startswith("sympy") and v.is_integer:
+            values.append(int(v) if v.is_Integer else v)
+        else:
+            raise ValueError(f"a constant of symbolic sizes holds integers, got {v!r}")
+    if all(isinstance(v, int) for v in values):
+        return np.array(values, np.int64).reshape(arr.shape)
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out.reshape(arr.shape)
 
 
 @dataclass(frozen=True)
@@ -155,6 +188,8 @@ class Graph:
     nodes: tuple[Node, ...]
     types: FrozenMap[str, TensorType]
     constants: FrozenMap[str, Const] = field(default_factory=FrozenMap)
+    # the most each symbolic size may be (a graph with dynamic axes: what its shapes take for granted)
+    bounds: FrozenMap[str, int] = field(default_factory=FrozenMap)
 
     # -- queries, computed once per graph value --------------------------------------------------
 
@@ -199,7 +234,7 @@ class Graph:
     def __hash__(self) -> int:  # cached: graphs are hashed often by later stages
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.name, self.inputs, self.outputs, self.nodes, self.types, self.constants))
+            h = hash((self.name, self.inputs, self.outputs, self.nodes, self.types, self.constants, self.bounds))
             object.__setattr__(self, "_hash", h)
         return h
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import DTypeLike
 
+from autofusion.graph.dims import Dim, as_dim
+
 
 class DType(enum.StrEnum):
     """Element types the IR knows; values are numpy's names."""
@@ -54,29 +56,39 @@ class DType(enum.StrEnum):
 
 @dataclass(frozen=True)
 class TensorType:
-    """A statically shaped tensor type, e.g. ``TensorType((1, 128, 768), DType.FLOAT32)``."""
+    """A tensor type, e.g. ``TensorType((1, 128, 768), DType.FLOAT32)``. A dimension is an int, or in
+    a graph imported with dynamic axes a symbolic size (:mod:`autofusion.graph.dims`); every stage
+    after import works on static types (``is_static``), those of a bound graph."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: DType
 
     def __post_init__(self) -> None:
-        if any((not isinstance(d, int)) or d < 0 for d in self.shape):
-            raise ValueError(f"shape must be non-negative ints, got {self.shape!r}")
+        if all(type(d) is int and d >= 0 for d in self.shape):
+            return
+        try:
+            object.__setattr__(self, "shape", tuple(as_dim(d) for d in self.shape))
+        except ValueError as e:
+            raise ValueError(f"shape must be non-negative ints or symbolic sizes, got {self.shape!r}: {e}") from None
 
     @property
     def rank(self) -> int:
         return len(self.shape)
 
     @property
-    def numel(self) -> int:
+    def is_static(self) -> bool:
+        return all(type(d) is int for d in self.shape)
+
+    @property
+    def numel(self) -> Dim:
         return math.prod(self.shape)
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> Dim:
         return self.numel * self.dtype.itemsize
 
-    def with_shape(self, shape: tuple[int, ...]) -> TensorType:
-        return TensorType(tuple(int(d) for d in shape), self.dtype)
+    def with_shape(self, shape: tuple[Dim, ...]) -> TensorType:
+        return TensorType(tuple(as_dim(d) for d in shape), self.dtype)
 
     def with_dtype(self, dtype: DType) -> TensorType:
         return TensorType(self.shape, dtype)

@@ -8,14 +8,14 @@ from typing import Any
 import numpy as np
 
 from autofusion.graph.types import TensorType
-from autofusion.ops.common import Arrays, first, ints
+from autofusion.ops.common import Arrays, dims_of, first, ints
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError, broadcast_shapes
 
 
 def _expand_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     x = ctx.type(0)
     # ONNX Expand broadcasts both ways: a 1 in the target keeps the input's dimension
-    return (x.with_shape(broadcast_shapes(x.shape, tuple(ints(ctx.const(1, "shape"))))),)
+    return (x.with_shape(broadcast_shapes(x.shape, tuple(dims_of(ctx.const(1, "shape"))))),)
 
 
 def _expand_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.graph.dims import Dim, decide
 from autofusion.graph.types import DType, TensorType
-from autofusion.ops.common import Arrays, first, norm_axis
+from autofusion.ops.common import Arrays, dims_of, first, norm_axis
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 
 
@@ -75,20 +76,20 @@ def _gather_elements_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, 
     return (np.take_along_axis(data, idx, axis=axis),)
 
 
-def _shape_range(rank: int, a: Any) -> slice:
+def shape_range(rank: int, a: Any) -> slice:
     start, end = int(a("start", 0)), a("end", None)
     return slice(start, None if end is None else int(end))  # ONNX clamps like Python slicing
 
 
 def _shape_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     x = ctx.type(0)
-    n = len(range(x.rank)[_shape_range(x.rank, ctx.attr)])
+    n = len(range(x.rank)[shape_range(x.rank, ctx.attr)])
     return (TensorType((n,), DType.INT64),)
 
 
 def _shape_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
     x = first(xs)
-    return (np.asarray(x.shape, dtype=np.int64)[_shape_range(x.ndim, a.get)],)
+    return (np.asarray(x.shape, dtype=np.int64)[shape_range(x.ndim, a.get)],)
 
 
 def _size_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
@@ -111,8 +112,8 @@ def _fill_value(value: Any) -> np.ndarray:
 
 
 def _const_of_shape_infer(ctx: InferContext) -> tuple[TensorType, ...]:
-    shape = tuple(int(d) for d in ctx.const(0, "shape").reshape(-1).tolist())
-    if any(d < 0 for d in shape):
+    shape = tuple(dims_of(ctx.const(0, "shape")))
+    if any(isinstance(d, int) and d < 0 for d in shape):
         raise ShapeError(f"ConstantOfShape: negative dimension in {shape}")
     return (TensorType(shape, DType.of(_fill_value(ctx.attr("value")))),)
 
@@ -122,9 +123,16 @@ def _const_of_shape_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, .
     return (np.full(tuple(int(d) for d in first(xs).reshape(-1)), v, dtype=v.dtype),)
 
 
-def _range_len(start: Any, limit: Any, delta: Any) -> int:
+def _range_len(start: Any, limit: Any, delta: Any) -> Dim:
     if delta == 0:
         raise ShapeError("Range: delta is 0")
+    if any(type(v).__module__.startswith("sympy") and not v.is_Integer for v in (start, limit, delta)):
+        if not isinstance(delta, int) or delta <= 0 or not isinstance(start, int):
+            raise ShapeError(f"Range({start}, {limit}, {delta}): a symbolic range counts up from a fixed start")
+        length = (limit - start + delta - 1) // delta
+        if decide(length >= 0) is not True:
+            raise ShapeError(f"Range({start}, {limit}, {delta}) may be empty, depending on the sizes")
+        return length
     return max(int(np.ceil((limit - start) / delta)), 0)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.graph.dims import Dim, dims_equal
 from autofusion.graph.graph import FrozenMap, Node
 from autofusion.graph.types import TensorType
 
@@ -193,9 +194,27 @@ class OpRegistry:
         return outs
 
 
-def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
-    """Numpy broadcasting of shapes; raises ShapeError when they do not broadcast."""
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
-    except ValueError:
-        raise ShapeError(f"shapes {', '.join(map(str, map(tuple, shapes)))} do not broadcast") from None
+def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
+    """Numpy broadcasting of shapes; raises ShapeError when they do not broadcast. A symbolic size
+    broadcasts against 1 and against itself; against another size only where they are equal for
+    every binding."""
+    if all(isinstance(d, int) for s in shapes for d in s):
+        try:
+            return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
+        except ValueError:
+            raise ShapeError(f"shapes {', '.join(map(str, map(tuple, shapes)))} do not broadcast") from None
+    rank = max(len(s) for s in shapes)
+    out: list[Dim] = []
+    for axis in range(rank):
+        sizes = [s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0]
+        result: Dim = 1
+        for d in sizes:
+            if isinstance(d, int) and d == 1:
+                continue
+            if isinstance(result, int) and result == 1:
+                result = d
+            elif dims_equal(result, d) is not True:
+                raise ShapeError(f"shapes {', '.join(map(str, map(tuple, shapes)))} do not broadcast for every "
+                                 f"size: {result} against {d}")
+        out.append(result)
+    return tuple(out)

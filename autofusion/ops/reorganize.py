@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from autofusion.graph.dims import Dim, as_dim, dims_equal, slice_length
 from autofusion.graph.types import TensorType
 from autofusion.ops.common import (
     Arrays,
+    dims_of,
     first,
     input_or_attr,
     norm_axis,
@@ -21,31 +24,32 @@ from autofusion.ops.common import (
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 
 
-def _reshape_target(shape_in: tuple[int, ...], spec: Sequence[int], allowzero: int) -> tuple[int, ...]:
-    out = []
+def _reshape_target(shape_in: tuple[Dim, ...], spec: Sequence[Dim], allowzero: int) -> tuple[Dim, ...]:
+    out: list[Dim] = []
     for i, d in enumerate(spec):
-        if d == 0 and not allowzero:
+        if isinstance(d, int) and d == 0 and not allowzero:
             if i >= len(shape_in):
                 raise ShapeError(f"Reshape: 0 at position {i} copies a dimension the input lacks")
             out.append(shape_in[i])
         else:
-            out.append(int(d))
-    if out.count(-1) > 1:
+            out.append(d)
+    wildcards = [i for i, d in enumerate(out) if isinstance(d, int) and d == -1]
+    if len(wildcards) > 1:
         raise ShapeError("Reshape: at most one -1")
-    total = int(np.prod(shape_in))
-    if -1 in out:
-        known = int(np.prod([d for d in out if d != -1]))
-        if known == 0 or total % known:
+    total = math.prod(shape_in)
+    if wildcards:
+        known = math.prod(d for i, d in enumerate(out) if i != wildcards[0])
+        if known == 0 or total % known != 0:
             raise ShapeError(f"Reshape: cannot reshape {shape_in} to {tuple(spec)}")
-        out[out.index(-1)] = total // known
-    if int(np.prod(out)) != total:
+        out[wildcards[0]] = as_dim(total // known)
+    if dims_equal(math.prod(out), total) is not True:
         raise ShapeError(f"Reshape: cannot reshape {shape_in} to {tuple(spec)}")
-    return tuple(out)
+    return tuple(as_dim(d) for d in out)
 
 
 def _reshape_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     x = ctx.type(0)
-    spec = [int(v) for v in ctx.const(1, "shape").reshape(-1).tolist()]
+    spec = dims_of(ctx.const(1, "shape"))
     return (x.with_shape(_reshape_target(x.shape, spec, ctx.attr("allowzero", 0))),)
 
 
@@ -122,7 +126,7 @@ def _flatten_shape(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     if not -rank <= axis <= rank:
         raise ShapeError(f"Flatten: axis {axis} out of range for rank {rank}")
     axis = axis + rank if axis < 0 else axis
-    return (int(np.prod(shape[:axis])), int(np.prod(shape[axis:])))
+    return (as_dim(math.prod(shape[:axis])), as_dim(math.prod(shape[axis:])))
 
 
 def _flatten_infer(ctx: InferContext) -> tuple[TensorType, ...]:
@@ -150,7 +154,7 @@ def _concat_infer(ctx: InferContext) -> tuple[TensorType, ...]:
         if t.rank != rank or any(d != e for i, (d, e) in enumerate(zip(t.shape, types[0].shape)) if i != axis):
             raise ShapeError(f"Concat: shapes {[t.shape for t in types]} differ off axis {axis}")
     shape = list(types[0].shape)
-    shape[axis] = sum(t.shape[axis] for t in types)
+    shape[axis] = as_dim(sum(t.shape[axis] for t in types))
     return (types[0].with_shape(tuple(shape)),)
 
 
@@ -217,8 +221,15 @@ def _slice_args(get: Any) -> tuple[list[int], list[int], list[int] | None, list[
 
 def _slice_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     x = ctx.type(0)
-    sl = _slices(x.shape, *_slice_args(lambda i, n: input_or_attr(ctx, i, n, n)))
-    return (x.with_shape(tuple(len(range(d)[s]) for d, s in zip(x.shape, sl))),)
+
+    def read(i: int, name: str) -> list[Any] | None:  # starts and ends may be symbolic sizes
+        if name in ("starts", "ends") and ctx.has_input(i):
+            return dims_of(ctx.const(i, name))
+        return input_or_attr(ctx, i, name, name)
+
+    sl = _slices(x.shape, *_slice_args(read))
+    return (x.with_shape(tuple(slice_length(d, s.start, s.stop, s.step) if s != slice(None) else d
+                               for d, s in zip(x.shape, sl))),)
 
 
 def _slice_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
