@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 from autofusion.frontends import load_onnx
 from autofusion.frontends.onnx_proto import OnnxImportError
+from autofusion.frontends.shape_values import UndecidedShapeValue, fold_symbolic
 from autofusion.graph.dims import (
     SymbolicDimError,
     as_dim,
@@ -63,7 +64,7 @@ def test_types_and_constants_carry_symbolic_sizes() -> None:
     assert Const(values.copy()) == c and Const(np.array([BATCH, SEQ, 2, 1], object)) != c
     static = Const(np.array([3, 4], object))  # no symbol left: stored as int64
     assert not static.is_symbolic and static.array.dtype == np.int64
-    with pytest.raises(ValueError, match="integers"):
+    with pytest.raises(ValueError, match="an integer"):
         Const(np.array([SEQ, 0.5], object))
 
 
@@ -73,6 +74,39 @@ def test_symbolic_sizes_broadcast_only_where_equal_for_every_binding() -> None:
     for a, b in (((SEQ,), (BATCH,)), ((SEQ,), (16,))):
         with pytest.raises(ShapeError, match="every size"):
             broadcast_shapes(a, b)
+
+
+def _obj(*values: object) -> np.ndarray:
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
+
+
+def test_shape_arithmetic_folds_with_integer_semantics_and_decided_comparisons() -> None:
+    def fold(op: str, *args: np.ndarray, **attrs: object) -> np.ndarray:
+        from autofusion.ops.catalog import default_registry
+
+        values = fold_symbolic(op, list(args), attrs, default_registry()[op].reference)
+        assert values is not None, op
+        return values[0]
+
+    dims = _obj(BATCH, SEQ, 64)
+    assert list(fold("Mul", dims, np.array(2))) == [2 * BATCH, 2 * SEQ, 128]
+    assert list(fold("Div", _obj(2 * SEQ, 7), np.array([2, -2]))) == [SEQ, -3]  # truncation toward zero
+    assert list(fold("Sub", dims, np.array(1))) == [BATCH - 1, SEQ - 1, 63]
+    assert list(fold("Neg", dims)) == [-BATCH, -SEQ, -64]
+    assert list(fold("Equal", dims, np.array(-1))) == [False, False, False]  # a size is never -1
+    assert list(fold("Max", _obj(SEQ, 0), np.array([SEQ + 1, 3]))) == [SEQ + 1, 3]
+    assert list(fold("Min", _obj(SEQ, 0), np.array([SEQ + 1, 3]))) == [SEQ, 0]
+    assert list(fold("Cast", dims, to=TensorProto.INT32)) == [BATCH, SEQ, 64]
+    assert list(fold("Where", np.array([True, False, True]), dims, np.array(0))) == [BATCH, 0, 64]
+    assert list(fold("Gather", dims, np.array([1, 2]), axis=0)) == [SEQ, 64]
+    assert list(fold("Shape", dims)) == [3]
+    for op, args in (("Greater", (dims, np.array(1))), ("Max", (_obj(SEQ), _obj(BATCH)))):
+        with pytest.raises(UndecidedShapeValue, match="depends on the sizes"):
+            fold(op, *args)
+    assert fold_symbolic("Cast", [dims], {"to": TensorProto.FLOAT}, lambda *a: ()) is None  # stays a node
+    assert fold_symbolic("Range", [np.array(0), _obj(SEQ), np.array(1)], {}, lambda *a: ()) is None
 
 
 def _feeds(graph, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -330,6 +330,9 @@ class _Importer:
     def fold(self, n: OnnxNode, inputs: tuple[str, ...], attrs: dict[str, Any]) -> bool:
         """Evaluate ``n`` at import; False when its inputs are symbolic constants it cannot fold
         (it then stays a node)."""
+        if n.op in ("Shape", "Size") and inputs[0] not in self.consts and not self.types[inputs[0]].is_static:
+            self.set_const(n.outputs[0], _symbolic_shape(n.op, self.types[inputs[0]].shape, attrs), n)
+            return True
         opdef = self.registry[n.op]
         args: list[np.ndarray | None] = []
         for i in inputs:
@@ -337,15 +340,13 @@ class _Importer:
                 args.append(None)
             elif i in self.consts:
                 args.append(self.consts[i].array)
-            elif not self.types[i].is_static:  # Shape/Size of a tensor of symbolic sizes
-                args.append(None)
             else:  # Shape/Size of a non-constant tensor: only its type matters (a zero-stride stand-in)
                 t = self.types[i]
                 args.append(np.broadcast_to(np.zeros((), t.dtype.numpy), t.shape))
         try:
             with np.errstate(all="ignore"):
-                if any(a is not None and a.dtype == object for a in args) or (args and args[0] is None):
-                    values = self.fold_symbolic(n, inputs, args, attrs)
+                if any(a is not None and a.dtype == object for a in args):
+                    values = fold_symbolic(n.op, args, attrs, opdef.reference)
                     if values is None:
                         return False
                 else:
@@ -358,15 +359,6 @@ class _Importer:
             if o:
                 self.set_const(o, np.asarray(v), n)
         return True
-
-    def fold_symbolic(self, n: OnnxNode, inputs: tuple[str, ...], args: list[np.ndarray | None],
-                      attrs: dict[str, Any]) -> tuple[np.ndarray, ...] | None:
-        if n.op in ("Shape", "Size"):  # of a symbolic constant, or of a tensor of symbolic sizes
-            shape = self.types[inputs[0]].shape
-            if n.op == "Size":
-                return (_object_array([math.prod(shape)]).reshape(()),)
-            return (_object_array(list(shape))[shape_range(len(shape), attrs.get)],)
-        return fold_symbolic(n.op, args, attrs, self.registry[n.op].reference)
 
     def set_const(self, name: str, value: np.ndarray, n: OnnxNode) -> None:
         try:
@@ -421,10 +413,12 @@ class _Importer:
                                     outputs=tuple(renames.get(o, o) for o in n.outputs)) for n in self.nodes]
 
 
-def _object_array(values: list[Any]) -> np.ndarray:
+def _symbolic_shape(op: str, shape: tuple[Any, ...], attrs: Mapping[str, Any]) -> np.ndarray:
+    """``Shape`` (or ``Size``) of a tensor of symbolic sizes: a symbolic constant."""
+    values = [math.prod(shape)] if op == "Size" else list(shape)[shape_range(len(shape), attrs.get)]
     out = np.empty(len(values), object)
     out[:] = values
-    return out
+    return out.reshape(()) if op == "Size" else out
 
 
 def _prune(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:

@@ -11,6 +11,7 @@ for every binding or refused. An op without a rule here does not fold: it stays 
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,9 +21,10 @@ import numpy as np
 from autofusion.graph.dims import decide
 from autofusion.ops.dtypes import onnx_dtype
 
-# ops whose reference only selects, moves or repeats elements: correct on object arrays as they are
+# ops whose reference only selects, moves or repeats elements (or reads the shape): correct on object
+# arrays as they are
 MOVING = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice", "Transpose", "Flatten",
-                    "Identity", "Expand", "Split", "Tile"})
+                    "Identity", "Expand", "Split", "Tile", "Shape", "Size"})
 
 
 class UndecidedShapeValue(ValueError):
@@ -77,20 +79,12 @@ def _elementwise(fn: Callable[[Any, Any], Any], a: np.ndarray, b: np.ndarray, bo
     return out.reshape(pa.shape)
 
 
-def _min_max(pick: Callable[[bool], int]) -> Callable[[list[np.ndarray]], np.ndarray]:
-    less = _compare(operator.lt)
-
-    def run(args: list[np.ndarray]) -> np.ndarray:
-        result = args[0]
-        for other in args[1:]:
-            result = _elementwise(lambda x, y: (x, y)[pick(less(y, x))], result, other, boolean=False)
-        return result
-
-    return run
+def _minimum(a: Any, b: Any) -> Any:
+    return b if _BINARY["Less"](b, a) else a
 
 
-_MIN = _min_max(lambda y_less: int(y_less))
-_MAX = _min_max(lambda y_less: int(not y_less))
+def _maximum(a: Any, b: Any) -> Any:
+    return a if _BINARY["Less"](b, a) else b
 
 
 def fold_symbolic(op: str, args: list[np.ndarray | None], attrs: Mapping[str, Any],
@@ -106,19 +100,13 @@ def fold_symbolic(op: str, args: list[np.ndarray | None], attrs: Mapping[str, An
     if op in _BINARY and len(present) == 2:
         return (_elementwise(_BINARY[op], present[0], present[1], boolean=op not in ("Add", "Sub", "Mul", "Div")),)
     if op == "Neg" and len(present) == 1:
-        return (_elementwise(lambda x, _: -x, present[0], np.zeros((), object), boolean=False),)
-    if op in ("Min", "Max"):
-        return ((_MIN if op == "Min" else _MAX)(present),)
+        return (-present[0],)
+    if op in ("Min", "Max") and present:
+        pick = _minimum if op == "Min" else _maximum
+        return (functools.reduce(lambda a, b: _elementwise(pick, a, b, boolean=False), present),)
     if op == "Cast" and onnx_dtype(int(attrs.get("to", 0))).numpy.kind in "iu":
         return (present[0].copy(),)  # sizes are integers: a cast between integer types keeps them
     if op == "Where" and len(present) == 3 and present[0].dtype == bool:
         cond, x, y = np.broadcast_arrays(present[0], present[1].astype(object), present[2].astype(object))
         return (np.where(cond, x, y),)
-    if op == "ReduceProd" and len(present) == 1 and not attrs.get("axes") and len(args) == 1:
-        total: Any = 1
-        for v in present[0].reshape(-1).tolist():
-            total = total * v
-        value = np.empty((1,) * present[0].ndim if attrs.get("keepdims", 1) else (), object)
-        value[...] = total
-        return (value,)
     return None

@@ -36,27 +36,31 @@ def is_static(d: Dim) -> bool:
     return isinstance(d, int)
 
 
-def as_dim(value: Any) -> Dim:
-    """``value`` as a dimension: ints (Python or numpy, and sympy integers) become ``int``; any other
-    sympy expression stays one. Raises ValueError for anything else or a negative size."""
+def is_symbolic(value: Any) -> bool:
+    """Whether ``value`` is a sympy expression over symbols (not a plain number)."""
+    return type(value).__module__.startswith("sympy") and not value.is_Number
+
+
+def as_value(value: Any) -> Dim:
+    """An integer value of a shape tensor (may be negative: a Reshape's -1): Python, numpy and sympy
+    integers become ``int``; an integer sympy expression over symbols stays one. ValueError for
+    anything else."""
     if isinstance(value, bool):
-        raise ValueError(f"a dimension is an int or a symbolic size, got {value!r}")
+        raise ValueError(f"a size is an integer, got {value!r}")
     if isinstance(value, int):
-        d = value
-    elif type(value).__module__.startswith("numpy") and hasattr(value, "dtype") and value.dtype.kind in "iu":
-        d = int(value)
-    elif type(value).__module__.startswith("sympy"):
-        if value.is_Integer:
-            d = int(value)
-        elif value.is_integer is not True or not value.free_symbols:
-            raise ValueError(f"a dimension must be an integer, got {value}")
-        else:
-            if value.is_negative:
-                raise ValueError(f"a dimension must be non-negative, got {value}")
-            return value
-    else:
-        raise ValueError(f"a dimension is an int or a symbolic size, got {value!r}")
-    if d < 0:
+        return value
+    if type(value).__module__.startswith("numpy") and getattr(value, "dtype", None) is not None \
+            and value.dtype.kind in "iu":
+        return int(value)
+    if type(value).__module__.startswith("sympy") and value.is_integer is True:
+        return int(value) if value.is_Integer else value
+    raise ValueError(f"a size is an integer or an integer expression of symbolic sizes, got {value!r}")
+
+
+def as_dim(value: Any) -> Dim:
+    """``value`` as a dimension (see :func:`as_value`); ValueError for a negative one."""
+    d = as_value(value)
+    if (d < 0) if isinstance(d, int) else d.is_negative:
         raise ValueError(f"a dimension must be non-negative, got {d}")
     return d
 
@@ -97,10 +101,6 @@ def dims_equal(a: Dim, b: Dim) -> bool | None:
     if is_static(a) and is_static(b):
         return a == b
     return decide(_sympy().Eq(a, b))
-
-
-def dim_text(d: Dim) -> str:
-    return str(d)
 
 
 # -- assumptions: what a model's shapes take for granted of its sizes ------------------------------

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from autofusion.graph.dims import as_value
 from autofusion.graph.types import DType, TensorType
 
 K = TypeVar("K")
@@ -135,14 +136,7 @@ class Const:
 def _symbolic_values(arr: np.ndarray) -> np.ndarray:
     """An object array of integer values, some symbolic: each kept an int or a sympy expression; as
     int64 when none is symbolic."""
-    values = []
-    for v in arr.reshape(-1).tolist():
-        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-            values.append(int(v))
-        elif type(v).__module__.startswith("sympy") and v.is_integer:
-            values.append(int(v) if v.is_Integer else v)
-        else:
-            raise ValueError(f"a constant of symbolic sizes holds integers, got {v!r}")
+    values = [as_value(v) for v in arr.reshape(-1).tolist()]
     if all(isinstance(v, int) for v in values):
         return np.array(values, np.int64).reshape(arr.shape)
     out = np.empty(len(values), object)

@@ -88,7 +88,7 @@ class TensorType:
         return self.numel * self.dtype.itemsize
 
     def with_shape(self, shape: tuple[Dim, ...]) -> TensorType:
-        return TensorType(tuple(as_dim(d) for d in shape), self.dtype)
+        return TensorType(tuple(shape), self.dtype)
 
     def with_dtype(self, dtype: DType) -> TensorType:
         return TensorType(self.shape, dtype)

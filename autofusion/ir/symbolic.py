@@ -72,8 +72,6 @@ def bind(graph: Graph, binding: Mapping[str, int], registry: OpRegistry | None =
         consts = {k: Const(_evaluated(c, sizes)) if c.is_symbolic else c for k, c in graph.constants.items()}
     except SymbolicDimError as e:
         raise BindError(str(e)) from None
-    for k, c in consts.items():
-        types[k] = c.type
     static = graph.replace(types=FrozenMap(types), constants=FrozenMap(consts), bounds=FrozenMap())
     return verify(fold_constants(static, registry), registry)
 

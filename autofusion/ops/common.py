@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.graph.dims import Dim
+from autofusion.graph.dims import Dim, is_symbolic
 from autofusion.graph.types import TensorType
 from autofusion.ops.registry import InferContext, ShapeError
 
@@ -28,12 +28,7 @@ def ints(value: Any) -> list[int]:
 
 def dims_of(value: Any) -> list[Dim]:
     """A flat list of sizes from an array (a symbolic constant's elements stay symbolic) or scalar."""
-    return [as_dim_value(v) for v in np.asarray(value).reshape(-1).tolist()]
-
-
-def as_dim_value(v: Any) -> Dim:
-    """An integer value of a shape tensor: an int, or a symbolic size as it is (may be negative: -1)."""
-    return v if type(v).__module__.startswith("sympy") and not v.is_Integer else int(v)
+    return [v if is_symbolic(v) else int(v) for v in np.asarray(value).reshape(-1).tolist()]
 
 
 def input_or_attr(ctx: InferContext, index: int, attr: str, what: str) -> list[int] | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.graph.dims import Dim, decide
+from autofusion.graph.dims import Dim, decide, is_symbolic
 from autofusion.graph.types import DType, TensorType
 from autofusion.ops.common import Arrays, dims_of, first, norm_axis
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
@@ -126,7 +126,7 @@ def _const_of_shape_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, .
 def _range_len(start: Any, limit: Any, delta: Any) -> Dim:
     if delta == 0:
         raise ShapeError("Range: delta is 0")
-    if any(type(v).__module__.startswith("sympy") and not v.is_Integer for v in (start, limit, delta)):
+    if any(is_symbolic(v) for v in (start, limit, delta)):
         if not isinstance(delta, int) or delta <= 0 or not isinstance(start, int):
             raise ShapeError(f"Range({start}, {limit}, {delta}): a symbolic range counts up from a fixed start")
         length = (limit - start + delta - 1) // delta

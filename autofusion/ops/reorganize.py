@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.graph.dims import Dim, as_dim, dims_equal, slice_length
+from autofusion.graph.dims import Dim, dims_equal, slice_length
 from autofusion.graph.types import TensorType
 from autofusion.ops.common import (
     Arrays,
@@ -41,10 +41,10 @@ def _reshape_target(shape_in: tuple[Dim, ...], spec: Sequence[Dim], allowzero: i
         known = math.prod(d for i, d in enumerate(out) if i != wildcards[0])
         if known == 0 or total % known != 0:
             raise ShapeError(f"Reshape: cannot reshape {shape_in} to {tuple(spec)}")
-        out[wildcards[0]] = as_dim(total // known)
+        out[wildcards[0]] = total // known
     if dims_equal(math.prod(out), total) is not True:
         raise ShapeError(f"Reshape: cannot reshape {shape_in} to {tuple(spec)}")
-    return tuple(as_dim(d) for d in out)
+    return tuple(out)
 
 
 def _reshape_infer(ctx: InferContext) -> tuple[TensorType, ...]:
@@ -126,7 +126,7 @@ def _flatten_shape(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     if not -rank <= axis <= rank:
         raise ShapeError(f"Flatten: axis {axis} out of range for rank {rank}")
     axis = axis + rank if axis < 0 else axis
-    return (as_dim(math.prod(shape[:axis])), as_dim(math.prod(shape[axis:])))
+    return (math.prod(shape[:axis]), math.prod(shape[axis:]))
 
 
 def _flatten_infer(ctx: InferContext) -> tuple[TensorType, ...]:
@@ -154,7 +154,7 @@ def _concat_infer(ctx: InferContext) -> tuple[TensorType, ...]:
         if t.rank != rank or any(d != e for i, (d, e) in enumerate(zip(t.shape, types[0].shape)) if i != axis):
             raise ShapeError(f"Concat: shapes {[t.shape for t in types]} differ off axis {axis}")
     shape = list(types[0].shape)
-    shape[axis] = as_dim(sum(t.shape[axis] for t in types))
+    shape[axis] = sum(t.shape[axis] for t in types)
     return (types[0].with_shape(tuple(shape)),)
 
 
