@@ -43,6 +43,10 @@ WIDE_MIN_ROWS = 16  # at 8 rows the wide kernel was no faster (1.03x; C harness,
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_COLUMNS = 32  # columns of a packed panel (PACK_NR, codegen/gemm.py); the wide kernel's are its own
+# "taps": packed weights, a convolution's taps read in place; "depthwise": one input channel per
+# output channel, its taps accumulated straight from the input (no product to hand a GEMM);
+# "repack": B is computed at run time (attention), packed per call into the same panels
+IMPLS = ("packed", "taps", "depthwise", "repack", "blas")
 
 
 def k_pass(k: int, kc: int) -> int:
@@ -52,10 +56,6 @@ def k_pass(k: int, kc: int) -> int:
         return k
     passes = (2 * k + kc) // (2 * kc)
     return -(-k // passes)
-# "taps": packed weights, a convolution's taps read in place; "depthwise": one input channel per
-# output channel, its taps accumulated straight from the input (no product to hand a GEMM);
-# "repack": B is computed at run time (attention), packed per call into the same panels
-IMPLS = ("packed", "taps", "depthwise", "repack", "blas")
 
 
 @dataclass(frozen=True)
