@@ -26,6 +26,7 @@ from autofusion.decide.plan import Plan
 from autofusion.decide.strategies import Strategy
 from autofusion.dsl.ir import RuleSet
 from autofusion.engine import Limits, fusion_space, saturate_rewrites
+from autofusion.graph.dims import bounded
 from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.ir.verify import verify
 from autofusion.kinds import KindRegistry
@@ -60,6 +61,13 @@ def optimize(
     (default: the calibrated model when a calibration file exists, see ``default_cost_model``);
     ``kinds`` are the kernel kinds rules may name (default: the built-in ones; with plugins':
     ``autofusion.plugins.kinds_with_plugins()``)."""
+    with bounded(graph.bounds):  # a graph with symbolic sizes: later stages take its bounds for granted
+        return _optimize(graph, rules, cost_model, strategy, size_cap, limits, registry, kinds)
+
+
+def _optimize(graph: Graph, rules: RulesArg, cost_model: CostModel | None, strategy: str | Strategy,
+              size_cap: int, limits: Limits | None, registry: OpRegistry | None,
+              kinds: KindRegistry | None) -> Plan:
     registry = registry or default_registry()
     cost_model = cost_model or default_cost_model(registry)
     t0 = time.perf_counter()
@@ -82,6 +90,7 @@ def optimize(
         "saturation": {k: v for k, v in asdict(rewritten.report).items()},
         "fusion_matches": dict(matches.fired),
         "fusion_rejected": dict(matches.rejected),
+        "fusion_undecided": dict(matches.undecided),
         "skipped_rules": {**rewritten.report.skipped, **matches.skipped},
         "rewritten_nodes": {k: list(v) for k, v in rewritten.provenance.items()},
     })

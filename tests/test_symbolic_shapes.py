@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from dynamic_models import DYNAMIC, dynamic_feeds
 from onnx import TensorProto, helper
 
 from autofusion.frontends import load_onnx
@@ -28,7 +29,6 @@ from autofusion.ir import run_graph
 from autofusion.ir.symbolic import BindError, bind, is_symbolic, symbols_of
 from autofusion.ops.registry import ShapeError, broadcast_shapes
 
-DYNAMIC = sorted((Path(__file__).parent / "data" / "dynamic").glob("*.onnx"))
 BATCH, SEQ = symbol("batch"), symbol("seq")
 
 
@@ -109,18 +109,6 @@ def test_shape_arithmetic_folds_with_integer_semantics_and_decided_comparisons()
     assert fold_symbolic("Range", [np.array(0), _obj(SEQ), np.array(1)], {}, lambda *a: ()) is None
 
 
-def _feeds(graph, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    feeds = {}
-    for name in graph.inputs:
-        if name == "attention_mask":
-            mask = np.ones((batch, seq), np.int64)
-            mask[-1, seq // 2 + 1:] = 0  # padding in the last row
-            feeds[name] = mask
-        else:
-            feeds[name] = rng.integers(0, 100 if name == "input_ids" else 2, (batch, seq)).astype(np.int64)
-    return feeds
-
-
 def test_the_dynamic_models_are_there() -> None:
     assert len(DYNAMIC) == 4, "tests/data/dynamic lost its models"
 
@@ -139,7 +127,7 @@ def test_one_symbolic_import_binds_to_every_size_as_onnxruntime_runs_it(path: Pa
         assert not is_symbolic(bound)
         static = load_onnx(path, dims={"batch": batch, "seq": seq})
         assert [n.op for n in bound.nodes] == [n.op for n in static.nodes]  # as the static import folds
-        feeds = _feeds(graph, batch, seq, rng)
+        feeds = dynamic_feeds(graph, batch, seq, rng)
         (want,) = session.run(None, feeds)
         got = run_graph(bound, feeds)[bound.outputs[0]]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{path.stem} at {batch} x {seq}")

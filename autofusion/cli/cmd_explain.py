@@ -31,12 +31,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     limit = args.limit or None
     out.line(f"cost model: {cost_model_text(report)}")
+    if report["priced_at"]:
+        sizes = ", ".join(f"{k}={v}" for k, v in report["priced_at"].items())
+        out.line(f"symbolic sizes: the plan holds for every binding, priced at {sizes}")
     out.table("rules that fired", ("rule", "kind", "where", "times"),
               [(r["rule"], r["kind"], r["where"], r["times"]) for r in report["rules"]][:limit])
     out.table("fused kernels", ("kernel", "template", "ops", "rules", "template from"),
               [(g["name"], _with_params(g), " ".join(g["ops"]), ", ".join(g["rules"]), g["decided_by"])
                for g in report["kernels"]][:limit])
     out.table("why pairs were not fused", ("reason", "pairs"), sorted(report["reasons"].items(), key=lambda kv: -kv[1]))
+    if report["undecided_guards"]:
+        out.table("guard-undecided: rules whose guard depends on sizes bound at run time (not applied; "
+                  "fusion rules do not fire, nofuse rules keep their ops apart)", ("rule", "matches"),
+                  sorted(report["undecided_guards"].items()))
     out.table("unfused pairs", ("producer", "consumer", "reason", "detail"),
               [(u["producer"], u["consumer"], u["reason"], u["detail"]) for u in report["unfused"]][:limit])
     return 0

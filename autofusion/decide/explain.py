@@ -34,4 +34,6 @@ def explain_report(plan: Plan) -> dict[str, Any]:
     return {"cost_model": stats.get("cost_model", ""), "cost_model_source": stats.get("cost_model_source", ""),
             "rules": rules, "kernels": kernels, "unfused": unfused, "reasons": dict(reasons),
             "rewritten_nodes": dict(stats.get("rewritten_nodes", {})),
+            "undecided_guards": {**stats.get("saturation", {}).get("undecided", {}), **stats.get("fusion_undecided", {})},
+            "priced_at": dict(stats.get("priced_at", {})),
             "skipped_rules": dict(stats.get("skipped_rules", {}))}

@@ -4,8 +4,8 @@ regions once), check the whole plan, and explain every adjacent pair left unfuse
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from autofusion.decide.cost import AnalyticCostModel, CostModel
 from autofusion.decide.groups import build_groups
@@ -16,6 +16,7 @@ from autofusion.decide.strategies import EPS, Region, Strategy, get_strategy
 from autofusion.engine.space import FusionSpace
 from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.graph.types import TensorType
+from autofusion.ir.symbolic import at_binding, representative_binding
 from autofusion.kinds import KindError, KindRegistry
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
@@ -90,23 +91,28 @@ def decide(
     registry: OpRegistry | None = None,
     reuse_regions: bool = True,
     kinds: KindRegistry | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> Plan:
     """Choose a fusion plan within ``space`` under ``cost_model``; ``kinds`` are the kernel kinds
-    rules may name (default: the built-in ones)."""
+    rules may name (default: the built-in ones). A graph with symbolic sizes gets a plan valid for
+    every binding, priced at ``sizes`` (see ``representative_binding``)."""
     registry = registry or default_registry()
     graph = space.graph
     model = cost_model or AnalyticCostModel(registry=registry)
     solver = get_strategy(strategy) if isinstance(strategy, str) else strategy
     checker = GroupChecker(space, registry, size_cap, kinds)
+    priced_at = representative_binding(graph, sizes)
+    priced = at_binding(graph, priced_at)
+    pricer = checker if priced is graph else GroupChecker(replace(space, graph=priced), registry, size_cap, kinds)
     cost_cache: dict[frozenset[str], CostBreakdown] = {}
 
     def price(nodes: Collection[str]) -> CostBreakdown:
-        return model.group_cost(graph, sorted(nodes))
+        return model.group_cost(priced, sorted(nodes))
 
     def cost_of(nodes: frozenset[str]) -> CostBreakdown:
         c = cost_cache.get(nodes)
         if c is None:
-            c = cost_cache[nodes] = _kind_cost(checker, nodes, price)
+            c = cost_cache[nodes] = _kind_cost(pricer, nodes, price)
         return c
 
     def seconds(nodes: frozenset[str]) -> float:
@@ -156,6 +162,8 @@ def decide(
         "cost_model": getattr(model, "name", type(model).__name__),
         "notes": notes,
     }
+    if priced_at:
+        stats["priced_at"] = priced_at  # symbolic sizes: the binding the plan was priced at
     return Plan(graph, groups, before, after, unfused, getattr(solver, "name", str(strategy)), FrozenMap(stats),
                 checker.kinds, registry)
 

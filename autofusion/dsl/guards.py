@@ -16,16 +16,22 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from autofusion.dsl.span import NO_SPAN, Span
+from autofusion.graph.dims import compare, is_symbolic
 from autofusion.graph.types import DType, TensorType
 
 
 class GuardError(ValueError):
     """A guard could not be evaluated for a binding (missing name, index out of range, ...)."""
+
+
+class GuardUndecided(GuardError):
+    """A guard over symbolic sizes (``dim(x, 1) == 768`` of ``seq``) that holds for some bindings
+    and not for others: the rule does not fire, and ``explain`` says so."""
 
 
 @dataclass(frozen=True)
@@ -246,10 +252,17 @@ def rename(guard: Guard, mapping: Mapping[str, str]) -> Guard:
 
 def holds(guard: Guard | None, env: Bindings) -> bool:
     """Whether ``guard`` is true for ``env``; no guard holds, an unevaluable guard does not."""
+    return verdict(guard, env) is True
+
+
+def verdict(guard: Guard | None, env: Bindings) -> bool | None:
+    """:func:`holds`, or None when the guard depends on symbolic sizes bound only at run time."""
     if guard is None:
         return True
     try:
         return bool(evaluate(guard, env))
+    except GuardUndecided:
+        return None
     except (GuardError, TypeError, ValueError, ZeroDivisionError, OverflowError):
         return False
 
@@ -300,21 +313,38 @@ def _call(g: Call, env: Bindings) -> Any:
     values = [evaluate(a, env) for a in args]
     if fn == "len":
         return len(values[0])
-    if fn == "min":
-        return min(values)
-    if fn == "max":
-        return max(values)
+    if fn in ("min", "max"):
+        return _extreme(fn, values)
     return abs(values[0])
+
+
+def _extreme(fn: str, values: list[Any]) -> Any:
+    """min/max, of symbolic sizes too when one of them is below every other for all bindings."""
+    if not any(is_symbolic(v) for v in values):
+        return min(values) if fn == "min" else max(values)
+    for v in values:
+        if all(w is v or compare("<=" if fn == "min" else ">=", v, w) for w in values):
+            return v
+    raise GuardUndecided(f"{fn}({', '.join(map(str, values))}) depends on the sizes bound at run time")
 
 
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _number(v: Any) -> bool:
+    """An int or float, or a symbolic size (an integer expression known at run time)."""
+    return not isinstance(v, bool) and (isinstance(v, (int, float)) or is_symbolic(v))
+
+
 def _arith(op: str, a: Any, b: Any) -> Any:
     for v in (a, b):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if not _number(v):
             raise GuardError(f"arithmetic on a non-number {v!r}")
+    if is_symbolic(a) or is_symbolic(b):
+        if op in ("/", "%") and compare("==", b, 0) is not False:
+            raise GuardUndecided(f"{a} {op} {b}: the divisor may be zero")
+        return {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "%": a % b}[op]
     if op == "+":
         return a + b
     if op == "-":
@@ -327,18 +357,64 @@ def _arith(op: str, a: Any, b: Any) -> Any:
 
 
 def _compare(op: str, a: Any, b: Any) -> bool:
+    if op == "in":
+        if not isinstance(b, (list, tuple, str)):
+            raise GuardError("'in' needs a list on its right")
+        if not is_symbolic(a) and not any(is_symbolic(v) for v in b):
+            return a in b
+        return _any_of(_equal(a, v) for v in b)
+    if op in ("==", "!=") and (_symbolic_list(a) or _symbolic_list(b)):
+        same = _equal(a, b)
+        if same is None:
+            raise GuardUndecided(f"{a} {op} {b} depends on the sizes bound at run time")
+        return same if op == "==" else not same
+    if is_symbolic(a) or is_symbolic(b):
+        if op not in ("==", "!=") and not (_number(a) and _number(b)):
+            raise GuardError(f"ordering compares numbers, got {a!r} and {b!r}")
+        if not (_number(a) and _number(b)):
+            return op == "!="  # a size against a string or list
+        known = compare(op, a, b)
+        if known is None:
+            raise GuardUndecided(f"{a} {op} {b} depends on the sizes bound at run time")
+        return known
     if op == "==":
         return bool(a == b)
     if op == "!=":
         return bool(a != b)
-    if op == "in":
-        if not isinstance(b, (list, tuple, str)):
-            raise GuardError("'in' needs a list on its right")
-        return a in b
     for v in (a, b):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise GuardError(f"ordering compares numbers, got {v!r}")
     return bool({"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op])
+
+
+def _symbolic_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and any(is_symbolic(x) or _symbolic_list(x) for x in v)
+
+
+def _equal(a: Any, b: Any) -> bool | None:
+    """Whether ``a == b`` for every binding of the symbolic sizes in them (None: it depends)."""
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)) or len(a) != len(b):
+            return False
+        return _all_of(_equal(x, y) for x, y in zip(a, b))
+    if is_symbolic(a) or is_symbolic(b):
+        return compare("==", a, b) if _number(a) and _number(b) else False
+    return bool(a == b)
+
+
+def _all_of(verdicts: Iterable[bool | None]) -> bool | None:
+    """False if any is False, else None if any is None, else True."""
+    seen = list(verdicts)
+    return False if False in seen else None if None in seen else True
+
+
+def _any_of(verdicts: Iterable[bool | None]) -> bool:
+    seen = list(verdicts)
+    if True in seen:
+        return True
+    if None in seen:
+        raise GuardUndecided("membership depends on the sizes bound at run time")
+    return False
 
 
 def evaluate(g: Guard, env: Bindings) -> Any:

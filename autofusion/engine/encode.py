@@ -90,7 +90,7 @@ def f64(value: float) -> str:
 
 def uniform_value(array: np.ndarray) -> float | None:
     """The single value of a constant whose elements are all equal (None otherwise)."""
-    if array.size == 0 or array.dtype == np.bool_:
+    if array.size == 0 or array.dtype == np.bool_ or array.dtype == object:  # object: symbolic sizes
         return None
     flat = array.reshape(-1)
     first = flat[0]

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofusion.dsl.guards import Guard, holds
+from autofusion.dsl.guards import Guard, verdict
 from autofusion.dsl.ir import FusionKind, FusionRule, NoFuse, OpTerm, RuleSet, Term, Var
 from autofusion.engine.egraph import prepared_session
 from autofusion.engine.encode import DECLARATIONS, Encoder, Workdir
@@ -42,6 +42,7 @@ MAX_CLASS_ARITY = 4  # input positions a class rule looks at (every op of the bu
 class MatchReport:
     fired: dict[str, int] = field(default_factory=dict)  # rule -> matches kept
     rejected: dict[str, int] = field(default_factory=dict)  # rule -> matches failing guards
+    undecided: dict[str, int] = field(default_factory=dict)  # rule -> of those, guards depending on run-time sizes
     skipped: dict[str, str] = field(default_factory=dict)  # rule -> why it was not translated
     seconds: float = 0.0
 
@@ -78,11 +79,12 @@ class FusionMatcher:
         snapshot = self._saturate(program)
         facts = self._facts(snapshot)
         edges, siblings, blocked, loops = self._permissions(compiled, snapshot, facts)
-        nofuse = self._nofuse(nofuse_patterns, snapshot, facts)
+        nofuse, undecided = self._nofuse(nofuse_patterns, snapshot, facts)
         for key in list(edges):
             if key[0] in nofuse or key[1] in nofuse:
                 del edges[key]
-                blocked[key] = Blocked(UnfusedReason.NOFUSE, "")
+                rule = undecided.get(key[0]) or undecided.get(key[1])
+                blocked[key] = Blocked(UnfusedReason.GUARD_UNDECIDED, rule) if rule else Blocked(UnfusedReason.NOFUSE, "")
         for key in list(siblings):
             if key[0] in nofuse or key[1] in nofuse:
                 del siblings[key]
@@ -172,9 +174,11 @@ class FusionMatcher:
             row_guard = None if kind == "branch" else guard
             for p in patterns:
                 ms, rejected = read_matches(p, snapshot, facts, self.registry, row_guard, rule.name)
-                if rejected:
-                    self.report.rejected[rule.name] = self.report.rejected.get(rule.name, 0) + rejected
+                if rejected.count:
+                    self._count_rejected(rule.name, rejected.count, len(rejected.undecided))
                     if kind == "class":
+                        for row_pair in self._pairs_of(p, rejected.undecided):
+                            blocked.setdefault(row_pair, Blocked(UnfusedReason.GUARD_UNDECIDED, rule.name))
                         for row_pair in self._structural_pairs(p, snapshot):
                             blocked.setdefault(row_pair, Blocked(UnfusedReason.GUARD, rule.name))
                 all_matches.append(ms)
@@ -190,15 +194,24 @@ class FusionMatcher:
                             edges.setdefault((a, b), []).append(perm)
         return edges, siblings, blocked, loops
 
-    def _nofuse(self, patterns: list[tuple[NoFuse, CompiledPattern]], snapshot: Any, facts: EClassFacts) -> set[str]:
-        """The nodes a nofuse rule's matches cover."""
+    def _nofuse(self, patterns: list[tuple[NoFuse, CompiledPattern]], snapshot: Any,
+                facts: EClassFacts) -> tuple[set[str], dict[str, str]]:
+        """The nodes a nofuse rule's matches cover; of those, the ones whose guard depends on
+        symbolic sizes (kept apart unless fusing is right for every binding), with the rule."""
         nofuse: set[str] = set()
+        undecided: dict[str, str] = {}
         for nf, p in patterns:
-            ms, _ = read_matches(p, snapshot, facts, self.registry, nf.guard, nf.name)
+            ms, rejected = read_matches(p, snapshot, facts, self.registry, nf.guard, nf.name)
             for m in ms:
                 nofuse.update(self._node_of(c) for _, c, _, _ in m.ops)
+            for cells in rejected.undecided:
+                for slot in p.ops:
+                    undecided.setdefault(self._node_of(cells[slot.value]), nf.name)
+            if rejected.undecided:
+                self.report.undecided[nf.name] = self.report.undecided.get(nf.name, 0) + len(rejected.undecided)
+        undecided = {n: r for n, r in undecided.items() if n and n not in nofuse}  # a decided nofuse wins
         nofuse.discard("")
-        return nofuse
+        return nofuse | set(undecided), undecided
 
     def _terms(self, rule: FusionRule) -> list[Term]:
         if rule.kind == "class":
@@ -226,6 +239,17 @@ class FusionMatcher:
                     if producer and consumer and producer != consumer:
                         out.append((producer, consumer))
         return out
+
+    def _count_rejected(self, rule: str, rejected: int, undecided: int) -> None:
+        self.report.rejected[rule] = self.report.rejected.get(rule, 0) + rejected
+        if undecided:
+            self.report.undecided[rule] = self.report.undecided.get(rule, 0) + undecided
+
+    def _pairs_of(self, pattern: CompiledPattern, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        """(producer, consumer) of class-rule rows given by their cells."""
+        producer, consumer = pattern.ops[0].value, pattern.ops[-1].value
+        pairs = [(self._node_of(cells[producer]), self._node_of(cells[consumer])) for cells in rows]
+        return [(p, c) for p, c in pairs if p and c]
 
     def _structural_pairs(self, pattern, snapshot) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
         """(producer, consumer) of every row of a class-rule pattern, guard or not."""
@@ -283,12 +307,17 @@ class FusionMatcher:
             return ms
         members = len(rule.members)
         kept: dict[int, Match] = {}
+        undecided = False
         for combo in itertools.islice(itertools.permutations(ms, min(members, len(ms))), 5000):
-            if len({m.root for m in combo}) == len(combo) and holds(rule.guard, merged_env(list(combo))):
+            if len({m.root for m in combo}) != len(combo):
+                continue
+            ok = verdict(rule.guard, merged_env(list(combo)))
+            undecided |= ok is None
+            if ok:
                 for m in combo:
                     kept[id(m)] = m
         if not kept:
-            self.report.rejected[rule.name] = self.report.rejected.get(rule.name, 0) + len(ms)
+            self._count_rejected(rule.name, len(ms), len(ms) if undecided else 0)
         return list(kept.values())
 
     def _consumer_of(self, m: Match, shared_class: str) -> str:

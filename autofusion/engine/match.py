@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.dsl.guards import Bindings, Guard, holds
+from autofusion.dsl.guards import Bindings, Guard, verdict
 from autofusion.dsl.ir import Literal, OpTerm, PatternRef, RuleSet, Term, Var
 from autofusion.engine.egraph import Serialized
 from autofusion.engine.encode import f64, multi_output, parse_attrs, quote
@@ -214,6 +214,15 @@ def merged_env(matches: list[Match]) -> Bindings:
     return Bindings(types=types, consts=frozenset(consts), attrs=attrs, values=values)
 
 
+@dataclass
+class Rejections:
+    """The rows of a pattern whose side conditions failed."""
+
+    count: int = 0
+    # cells of the rows whose guard depends on symbolic sizes (holds for some bindings, not others)
+    undecided: list[dict[str, Any]] = field(default_factory=list)
+
+
 def read_matches(
     pattern: CompiledPattern,
     snapshot: Serialized,
@@ -221,10 +230,10 @@ def read_matches(
     registry: OpRegistry,
     guard: Guard | None,
     rule: str,
-) -> tuple[list[Match], int]:
-    """Matches whose side conditions hold, and how many rows failed them."""
+) -> tuple[list[Match], Rejections]:
+    """Matches whose side conditions hold, and the rows that failed them."""
     out: list[Match] = []
-    rejected = 0
+    rejected = Rejections()
     seen: set[tuple[str, ...]] = set()
     for row in snapshot.rows(pattern.relation):
         cells: dict[str, Any] = {}
@@ -235,15 +244,21 @@ def read_matches(
             continue
         seen.add(key)
         m = _check(pattern, cells, facts, registry, guard, rule)
-        if m is None:
-            rejected += 1
-        else:
+        if isinstance(m, Match):
             out.append(m)
+            continue
+        rejected.count += 1
+        if m is UNDECIDED:
+            rejected.undecided.append(cells)
     return out, rejected
 
 
+UNDECIDED = object()  # a row whose guard depends on the sizes bound at run time
+
+
 def _check(pattern: CompiledPattern, cells: dict[str, Any], facts: EClassFacts, registry: OpRegistry,
-           guard: Guard | None, rule: str) -> Match | None:
+           guard: Guard | None, rule: str) -> Match | object | None:
+    """The match of one row; None when it fails, UNDECIDED when its guard depends on run-time sizes."""
     types: dict[str, TensorType] = {}
     consts: set[str] = set()
     captured_attrs: dict[str, Mapping[str, Any]] = {}
@@ -284,8 +299,9 @@ def _check(pattern: CompiledPattern, cells: dict[str, Any], facts: EClassFacts, 
         if eclass in facts.consts:
             consts.add(name)
     env = Bindings(types=types, consts=frozenset(consts), attrs=captured_attrs, values=values)
-    if guard is not None and not holds(guard, env):
-        return None
+    ok = verdict(guard, env)
+    if ok is not True:
+        return None if ok is False else UNDECIDED
     return Match(rule, cells[pattern.root], vars_, ops, values, env)
 
 

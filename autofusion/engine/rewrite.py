@@ -53,6 +53,7 @@ class SaturationReport:
     stop: str = "saturated"  # saturated | iterations | enodes | seconds
     fired: dict[str, int] = field(default_factory=dict)  # rule -> rewrites applied
     rejected: dict[str, int] = field(default_factory=dict)  # rule -> matches failing a guard
+    undecided: dict[str, int] = field(default_factory=dict)  # rule -> of those, guards depending on run-time sizes
     skipped: dict[str, str] = field(default_factory=dict)  # rule -> why it could not be translated
     enodes: int = 0
     seconds: float = 0.0
@@ -146,8 +147,10 @@ class Saturator:
             applied = 0
             for rw, _lhs, rhs, cp in self.patterns:
                 matches, rejected = read_matches(cp, snapshot, facts, self.registry, rw.guard, rw.name)
-                if rejected:
-                    self.report.rejected[rw.name] = self.report.rejected.get(rw.name, 0) + rejected
+                if rejected.count:
+                    self.report.rejected[rw.name] = self.report.rejected.get(rw.name, 0) + rejected.count
+                if rejected.undecided:
+                    self.report.undecided[rw.name] = self.report.undecided.get(rw.name, 0) + len(rejected.undecided)
                 for m in matches:
                     key = (rw.name + cp.relation, m.root, tuple(sorted(m.vars.items())))
                     if key in self._applied:
@@ -561,5 +564,6 @@ class _Rebuild:
     def finish(self) -> tuple[Graph, dict[str, tuple[str, ...]]]:
         g = self.ex.sat.graph
         inputs = {n: g.types[n] for n in g.inputs}  # keep every declared input, used or not
-        graph = graph_from_nodes(g.name, inputs, self.consts, self.nodes, list(g.outputs), self.ex.sat.registry)
+        graph = graph_from_nodes(g.name, inputs, self.consts, self.nodes, list(g.outputs), self.ex.sat.registry,
+                                 g.bounds)
         return fold_constants(graph, self.ex.sat.registry), self.provenance

@@ -35,6 +35,7 @@ class UnfusedReason(enum.StrEnum):
     COST = "cost-says-no"
     NO_RULE = "no-rule-covers"
     GUARD = "guard-rejects"
+    GUARD_UNDECIDED = "guard-undecided"  # the guard depends on symbolic sizes bound at run time
     NOFUSE = "no-fuse-scope"
     TEMPLATE = "no-template-for-group"
     MEMORY = "over-memory-bound"

@@ -106,6 +106,73 @@ def dims_equal(a: Dim, b: Dim) -> bool | None:
 # -- assumptions: what a model's shapes take for granted of its sizes ------------------------------
 
 _assumed: ContextVar[dict[str, int] | None] = ContextVar("_assumed", default=None)
+_known: ContextVar[Mapping[str, int] | None] = ContextVar("_known", default=None)
+
+
+@contextmanager
+def bounded(bounds: Mapping[str, int]) -> Iterator[None]:
+    """Let comparisons of sizes use ``bounds`` (a graph's, e.g. ``seq <= 64``) while open: the stages
+    after the import re-infer shapes and must take for granted what the import did."""
+    token = _known.set({**(_known.get() or {}), **bounds})
+    try:
+        yield
+    finally:
+        _known.reset(token)
+
+
+def _number(v: Any) -> int | float:
+    return int(v) if v.is_Integer else float(v)
+
+
+def _range(d: Dim) -> tuple[int | float | None, int | float | None]:
+    """The least and largest value ``d`` takes for positive sizes within the bounds in force, where
+    ``d`` is monotone in every symbol (a polynomial whose non-constant terms share one sign); a side
+    without a finite value is None."""
+    if isinstance(d, int):
+        return d, d
+    poly = d.as_poly()
+    if poly is None or poly.is_zero:
+        return None, None
+    signs = {c > 0 for m, c in zip(poly.monoms(), poly.coeffs()) if any(m)}
+    if len(signs) != 1:
+        return None, None
+    known = _known.get() or {}
+    ones = _number(d.subs({s: 1 for s in d.free_symbols}))
+    top = None
+    if all(s.name in known for s in d.free_symbols):
+        top = _number(d.subs({s: known[s.name] for s in d.free_symbols}))
+    return (ones, top) if signs == {True} else (top, ones)
+
+
+def upper_bound(d: Dim) -> int | None:
+    """The largest value ``d`` takes under the bounds in force (see :func:`bounded`), or None when
+    it has none (a symbol without a bound) or is not monotone."""
+    high = _range(d)[1]
+    return None if high is None else int(high)
+
+
+def compare(op: str, a: Dim | float, b: Dim | float) -> bool | None:
+    """``a op b`` (``== != < <= > >=``) for every binding within the bounds in force, or None when
+    it depends on the sizes bound at run time."""
+    if op in (">", ">="):
+        return compare("<" if op == ">" else "<=", b, a)
+    if op == "!=":
+        same = compare("==", a, b)
+        return None if same is None else not same
+    sympy = _sympy()
+    relation = {"==": sympy.Eq, "<": sympy.Lt, "<=": sympy.Le}[op](a, b)
+    known = decide(relation)
+    if known is not None:
+        return known
+    low, high = _range(sympy.sympify(a - b))
+    if op == "==":
+        return False if (low is not None and low > 0) or (high is not None and high < 0) else None
+    strict = op == "<"
+    if high is not None and (high < 0 if strict else high <= 0):
+        return True
+    if low is not None and (low >= 0 if strict else low > 0):
+        return False
+    return None
 
 
 @contextmanager
@@ -129,6 +196,9 @@ def at_most(d: Dim, limit: int) -> bool:
     known = decide(d <= limit)
     if known is not None:
         return known
+    upper = upper_bound(d)
+    if upper is not None and upper <= limit:
+        return True
     bounds = _assumed.get()
     syms = list(d.free_symbols)
     if len(syms) == 1 and d == syms[0]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.graph.dims import Dim, as_dim, bounded
 from autofusion.graph.graph import Const, FrozenMap, Graph, Node, freeze_attrs
 from autofusion.graph.types import DType, TensorType
 from autofusion.ir.infer import infer_node
@@ -51,9 +52,10 @@ class GraphBuilder:
             raise ValueError(f"tensor name {name!r} is already defined")
         return name
 
-    def input(self, name: str, shape: Sequence[int], dtype: DType | str = DType.FLOAT32) -> str:
+    def input(self, name: str, shape: Sequence[Dim], dtype: DType | str = DType.FLOAT32) -> str:
+        """A graph input; a size may be symbolic (``autofusion.graph.dims.symbol("seq")``)."""
         self._claim(name)
-        self._types[name] = TensorType(tuple(int(d) for d in shape), DType.of(dtype))
+        self._types[name] = TensorType(tuple(as_dim(d) for d in shape), DType.of(dtype))
         self._inputs.append(name)
         return name
 
@@ -124,15 +126,19 @@ def graph_from_nodes(
     nodes: Sequence[Node],
     outputs: Sequence[str],
     registry: OpRegistry | None = None,
+    bounds: Mapping[str, int] | None = None,
 ) -> Graph:
-    """A graph from nodes in topological order, inferring every type (used by frontends)."""
+    """A graph from nodes in topological order, inferring every type (used by frontends and
+    rewriting); ``bounds`` are what symbolic sizes take for granted (see ``Graph.bounds``)."""
     registry = registry or default_registry()
     types: dict[str, TensorType] = dict(inputs)
     consts = {k: v if isinstance(v, Const) else Const(v) for k, v in constants.items()}
     for k, c in consts.items():
         types[k] = c.type
-    for node in nodes:
-        for o, t in zip(node.outputs, infer_node(node, types, consts, registry)):
-            if o:
-                types[o] = t
-    return Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), FrozenMap(types), FrozenMap(consts))
+    with bounded(bounds or {}):
+        for node in nodes:
+            for o, t in zip(node.outputs, infer_node(node, types, consts, registry)):
+                if o:
+                    types[o] = t
+    return Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), FrozenMap(types), FrozenMap(consts),
+                 FrozenMap(sorted((bounds or {}).items())))

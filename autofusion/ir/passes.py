@@ -19,8 +19,8 @@ def fold_constants(graph: Graph, registry: OpRegistry | None = None) -> Graph:
     kept = []
     for node in graph.nodes:
         args = [i for i in node.inputs if i]
-        foldable = args and all(i in consts for i in args) and all(
-            graph.types[o].numel <= MAX_FOLDED_ELEMENTS for o in node.outputs if o)
+        foldable = args and all(i in consts and not consts[i].is_symbolic for i in args) and all(
+            graph.types[o].is_static and graph.types[o].numel <= MAX_FOLDED_ELEMENTS for o in node.outputs if o)
         if not foldable:
             kept.append(node)
             continue

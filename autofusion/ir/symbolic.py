@@ -60,20 +60,56 @@ def check_binding(graph: Graph, binding: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+def with_bounds(graph: Graph, bounds: Mapping[str, int]) -> Graph:
+    """``graph`` taking for granted that each size in ``bounds`` is at most that much (the tighter
+    of these and the graph's own bounds): guards over sizes (``numel(x) <= N``) that would depend on
+    the binding can then be decided when optimizing. BindError for a size the graph does not have
+    or a bound below 1."""
+    symbols = symbols_of(graph)
+    merged = dict(graph.bounds)
+    for name, limit in bounds.items():
+        if name not in symbols:
+            raise BindError(f"the graph has no size {name!r} to bound (its sizes: {', '.join(symbols) or 'none'})")
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+            raise BindError(f"the bound of {name!r} must be an int of at least 1, got {limit!r}")
+        merged[name] = min(int(limit), merged.get(name, int(limit)))
+    return graph.replace(bounds=FrozenMap(sorted(merged.items())))
+
+
 def bind(graph: Graph, binding: Mapping[str, int], registry: OpRegistry | None = None) -> Graph:
     """The static graph of ``graph`` at ``binding`` (symbol name -> size); the same graph when it
     has no symbols."""
     if not is_symbolic(graph):
         return graph
-    sizes = check_binding(graph, binding)
     registry = registry or default_registry()
+    return verify(fold_constants(at_binding(graph, binding), registry), registry)
+
+
+def at_binding(graph: Graph, binding: Mapping[str, int]) -> Graph:
+    """``graph`` with every size evaluated at ``binding`` but its nodes as they are (what the cost
+    model prices: the same node names as the symbolic graph); :func:`bind` folds it too."""
+    if not is_symbolic(graph):
+        return graph
+    sizes = check_binding(graph, binding)
     try:
         types = {k: t.with_shape(tuple(evaluate(d, sizes) for d in t.shape)) for k, t in graph.types.items()}
         consts = {k: Const(_evaluated(c, sizes)) if c.is_symbolic else c for k, c in graph.constants.items()}
     except SymbolicDimError as e:
         raise BindError(str(e)) from None
-    static = graph.replace(types=FrozenMap(types), constants=FrozenMap(consts), bounds=FrozenMap())
-    return verify(fold_constants(static, registry), registry)
+    return graph.replace(types=FrozenMap(types), constants=FrozenMap(consts), bounds=FrozenMap())
+
+
+# the size a symbol without a bound or a hint stands for when a plan is priced
+DEFAULT_REPRESENTATIVE_SIZE = 128
+
+
+def representative_binding(graph: Graph, hint: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The sizes at which a plan for ``graph`` is priced: ``hint``'s where given, else the symbol's
+    bound (the largest size the model takes), else DEFAULT_REPRESENTATIVE_SIZE. The plan itself is
+    valid for every binding; only the choice between valid plans reads these sizes."""
+    hint = hint or {}
+    return check_binding(graph, {s: hint.get(s, graph.bounds.get(s, DEFAULT_REPRESENTATIVE_SIZE))
+                                 for s in symbols_of(graph)})
 
 
 def _evaluated(c: Const, sizes: Mapping[str, int]) -> np.ndarray:
