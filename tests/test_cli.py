@@ -150,6 +150,22 @@ def test_run_binds_a_dynamic_onnx_model_from_its_inputs_file(capsys: pytest.Capt
     assert code == 2 and "'batch' is 1 in input 'x' (axis 0) but 3 in input 'bias'" in err and "Traceback" not in err
 
 
+def test_fuse_and_explain_plan_a_dynamic_model_for_every_size(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """No --dim: one plan over the symbolic sizes, priced at the bound (seq <= 64) and 128 for batch;
+    the kernels of such a plan are compiled per binding, so --emit asks for the sizes."""
+    model = str(Path(__file__).parent / "data" / "dynamic" / "bert_tiny_dyn_script.onnx")
+    report = cli_json(capsys, "fuse", model, "--json")
+    assert report["priced_at"] == {"batch": 128, "seq": 64} and report["kernels_after"] < report["kernels_before"]
+    code, out, _ = cli(capsys, "fuse", model)
+    assert code == 0 and "one plan for every binding; bytes and times at batch=128, seq=64" in out
+    explained = cli_json(capsys, "explain", model, "--json")
+    assert explained["undecided_guards"] == {"huge_softmax": 2} and explained["reasons"]["guard-undecided"] == 2
+    code, _, err = cli(capsys, "fuse", model, "--emit", str(tmp_path / "c"))
+    assert code == 2 and "has symbolic sizes (batch, seq)" in err and "--dim batch=N --dim seq=N" in err
+    assert cli_json(capsys, "fuse", model, "--dim", "batch=2", "--dim", "seq=8", "--json")["priced_at"] == {}
+
+
 def test_saved_file_feeds_a_later_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b.npz"
     assert cli(capsys, "run", "bert-tiny", "--seed", "2", "--save", str(first))[0] == 0

@@ -10,6 +10,7 @@ import pytest
 from dynamic_models import DYNAMIC, dynamic_feeds
 
 from autofusion import optimize
+from autofusion.codegen import CodegenError
 from autofusion.decide.binding import bind_plan
 from autofusion.decide.explain import explain_report
 from autofusion.dsl.guards import Bindings, Call, Compare, IntLit, ListLit, Name, verdict
@@ -20,6 +21,7 @@ from autofusion.graph.graph import Graph
 from autofusion.graph.types import DType, TensorType
 from autofusion.ir import GraphBuilder
 from autofusion.ir.symbolic import DEFAULT_REPRESENTATIVE_SIZE, BindError, representative_binding, with_bounds
+from autofusion.runtime import CompiledModel, DynamicModel, RunError
 
 SEQ, BATCH = symbol("seq"), symbol("batch")
 
@@ -80,8 +82,6 @@ def test_a_fusion_rule_whose_guard_depends_on_the_sizes_does_not_fire_until_a_bo
     bounded_plan = optimize(with_bounds(graph, {"seq": 256}), [rules])  # 256 x 16 <= 4096 for every seq
     assert bounded_plan.kernels == 1 and bounded_plan.stats["fusion_undecided"] == {}
     assert optimize(with_bounds(graph, {"seq": 257}), [rules]).kernels == 2
-    from autofusion.runtime.model import CompiledModel
-
     (w,) = [c.array for c in graph.constants.values()]
     for seq in (1, 5, 256):
         bound = bind_plan(bounded_plan, {"seq": seq})
@@ -119,8 +119,6 @@ def test_the_representative_binding_is_the_hint_the_bound_or_the_default() -> No
 @pytest.mark.parametrize("path", [DYNAMIC[1], DYNAMIC[2]], ids=[DYNAMIC[1].stem, DYNAMIC[2].stem])
 def test_one_symbolic_plan_compiles_and_runs_at_each_binding_as_onnxruntime(path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
-    from autofusion.runtime.model import CompiledModel
-
     graph = load_onnx(path, symbolic=True)
     plan = optimize(graph)
     static = optimize(load_onnx(path, dims={"batch": 2, "seq": 9}))
@@ -135,3 +133,77 @@ def test_one_symbolic_plan_compiles_and_runs_at_each_binding_as_onnxruntime(path
         got = CompiledModel(bound, tune=False).run(feeds)[bound.graph.outputs[0]]
         (want,) = session.run(None, feeds)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{path.stem} at {batch} x {seq}")
+
+
+def _dynamic_model(path: Path, **options: object) -> tuple[Graph, DynamicModel]:
+    graph = load_onnx(path, symbolic=True)
+    return graph, DynamicModel(optimize(graph), **options)  # type: ignore[arg-type]
+
+
+def test_a_dynamic_model_reads_the_sizes_off_its_feeds_and_compiles_each_binding_once() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    graph, model = _dynamic_model(DYNAMIC[0], keep=2)
+    session = ort.InferenceSession(str(DYNAMIC[0]))
+    rng = np.random.default_rng(2)
+    for batch, seq in ((1, 5), (2, 3), (1, 5), (2, 3), (1, 1)):
+        feeds = dynamic_feeds(graph, batch, seq, rng)
+        got = model.run(feeds)[graph.outputs[0]]
+        np.testing.assert_allclose(got, session.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert model.compiles == 3  # (1, 5) and (2, 3) came back while loaded
+    model.run(dynamic_feeds(graph, 1, 5, rng))
+    assert model.compiles == 4  # keep=2: (1, 5) had been dropped for (1, 1)
+    with pytest.raises(CodegenError, match="symbolic sizes .* bind the plan first"):
+        CompiledModel(model.plan)
+
+
+def test_feeds_that_contradict_the_graph_are_refused_by_input_and_axis() -> None:
+    graph, model = _dynamic_model(DYNAMIC[0])  # bert: ids, mask, types all [batch, seq]; seq <= 64
+    good = dynamic_feeds(graph, 2, 5, np.random.default_rng(0))
+    ids, mask = graph.inputs[0], graph.inputs[1]
+    for change, message in (
+        ({ids: good[ids][0]}, f"input '{ids}' has shape \\[5\\]; the model takes \\[batch, seq\\]: 2 dimension"),
+        ({mask: good[mask][:, :4]}, f"input '{mask}' axis 1 is 4, but seq is 5 in input '{ids}' axis 1"),
+        ({ids: np.zeros((2, 65), np.int64), mask: np.zeros((2, 65), np.int64),
+          graph.inputs[2]: np.zeros((2, 65), np.int64)}, "'seq' = 65 exceeds 64"),
+        ({ids: np.zeros((0, 5), np.int64), mask: np.zeros((0, 5), np.int64),
+          graph.inputs[2]: np.zeros((0, 5), np.int64)}, "'batch' = 0: the graph needs at least 1"),
+    ):
+        with pytest.raises(RunError, match=message):
+            model.run({**good, **change})
+    assert model.compiles == 0
+    with pytest.raises(RunError, match="missing input"):
+        model.run({ids: good[ids]})
+
+
+def test_a_fixed_size_beside_symbolic_ones_is_checked_too() -> None:
+    b = GraphBuilder("rows")
+    x = b.input("x", (SEQ, 16))
+    graph = b.build([b.op("Relu", x)])
+    model = DynamicModel(optimize(graph))
+    with pytest.raises(RunError, match="input 'x' axis 1 is 15; the model takes \\[seq, 16\\], fixed at 16"):
+        model.run({"x": np.zeros((3, 15), np.float32)})
+    x3 = np.arange(-24, 24, dtype=np.float32).reshape(3, 16)
+    np.testing.assert_array_equal(model.run({"x": x3})[graph.outputs[0]], np.maximum(x3, 0))
+
+
+@pytest.mark.parametrize("path", [DYNAMIC[0], DYNAMIC[3]], ids=[DYNAMIC[0].stem, DYNAMIC[3].stem])
+def test_the_fused_model_exports_with_its_symbolic_sizes_and_runs_at_any_size(path: Path, tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    from autofusion.export import save_onnx
+
+    graph = load_onnx(path, symbolic=True)
+    target = save_onnx(optimize(graph), tmp_path / "fused.onnx")  # checked by the ONNX checker first
+    exported = ort.InferenceSession(str(target))
+    assert [[d for d in i.shape] for i in exported.get_inputs()] == [["batch", "seq"]] * len(graph.inputs)
+    source = ort.InferenceSession(str(path))
+    rng = np.random.default_rng(3)
+    for batch, seq in ((1, 7), (3, 9), (2, 64)):
+        feeds = dynamic_feeds(graph, batch, seq, rng)
+        np.testing.assert_allclose(exported.run(None, feeds)[0], source.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_equal_integer_constants_of_different_shapes_stay_apart_in_the_egraph() -> None:
+    from autofusion.engine.encode import vec_text
+
+    # a Slice's starts [0] and a scalar 0 were one e-class, and the export wrote a 0-d starts
+    assert vec_text(np.array(0)) != vec_text(np.array([0]))

@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded, plan = make_plan(args)
+    loaded, plan = make_plan(args, symbolic=True)
     report = explain_report(plan)
     out = Output()
     if args.json:

@@ -35,8 +35,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size-cap", type=int, default=48, metavar="N", help="most ops in one kernel (default 48)")
 
 
-def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(loaded model, plan) for the plan arguments; bad rules or options become CliError."""
+def make_plan(args: argparse.Namespace, symbolic: bool = False) -> tuple[Any, Any]:
+    """(loaded model, plan) for the plan arguments; bad rules or options become CliError. With
+    ``symbolic``, sizes an .onnx file leaves unbound stay symbolic (one plan for every binding)."""
     from autofusion.api import optimize
     from autofusion.decide.cost import AnalyticCostModel, HardwareProfile
     from autofusion.dsl import RuleError
@@ -50,7 +51,7 @@ def make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
     except PluginError as e:
         raise CliError(str(e)) from None
     t0 = time.perf_counter()
-    loaded = load_model(args, registry=registry)
+    loaded = load_model(args, registry=registry, symbolic=symbolic)
     t_import = time.perf_counter() - t0
     try:
         model = AnalyticCostModel(HardwareProfile.load(args.profile), registry) if args.profile else None
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from autofusion.decide.summary import cost_model_text, plan_summary
     from autofusion.plugins import registry_with_plugins
 
-    loaded, plan = make_plan(args)
+    loaded, plan = make_plan(args, symbolic=True)
     summary = plan_summary(plan, loaded.graph, registry_with_plugins())  # plugin ops count too
     if args.onnx_out:
         summary["onnx_out"] = write_onnx(plan, args.onnx_out)
@@ -94,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     s = summary
     out.fields(f"fusion plan for {loaded.source} ({s['strategy']}, {s['cost_model']})", [
         ("cost model", cost_model_text(s)),
+        *([("symbolic sizes", "one plan for every binding; bytes and times at "
+            + ", ".join(f"{k}={v}" for k, v in s["priced_at"].items()))] if s["priced_at"] else []),
         ("kernels", f"{s['kernels_before']} -> {s['kernels_after']}"),
         ("intermediates materialised", f"{human_bytes(s['intermediate_bytes_before'])} -> "
                                        f"{human_bytes(s['intermediate_bytes_after'])}"),
@@ -145,7 +148,12 @@ def emit_sources(plan: Any, directory: str) -> list[str]:
     from pathlib import Path
 
     from autofusion.codegen import CodegenError, render_plan
+    from autofusion.ir.symbolic import is_symbolic, symbols_of
 
+    if is_symbolic(plan.graph):
+        flags = " ".join(f"--dim {s}=N" for s in symbols_of(plan.graph))
+        raise CliError(f"--emit writes the kernels of one binding and {plan.graph.name!r} has symbolic sizes "
+                       f"({', '.join(symbols_of(plan.graph))}): give them with {flags}")
     try:
         source = render_plan(plan)
     except CodegenError as e:

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise CliError(f"--out {args.out}: exists and is not a directory")
-    loaded, plan = make_plan(args)
+    loaded, plan = make_plan(args, symbolic=True)
     try:
         result = write_viz(plan, loaded.graph, out_dir, label=loaded.source, render=not args.no_render,
                            registry=registry_with_plugins())

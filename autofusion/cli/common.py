@@ -124,10 +124,10 @@ def is_onnx_path(model: str) -> bool:
 
 
 def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | None = None,
-               feeds: Mapping[str, Any] | None = None) -> LoadedModel:
+               feeds: Mapping[str, Any] | None = None, symbolic: bool = False) -> LoadedModel:
     """The graph MODEL names: imported from an .onnx file (with the ops of ``registry``, default the
     built-in ones; symbolic dimensions bound by ``--dim``, then read off ``feeds``, the arrays a run
-    will pass) or built (weights from ``seed``)."""
+    will pass, and with ``symbolic`` the rest kept symbolic) or built (weights from ``seed``)."""
     from autofusion import models
 
     model: str = args.model
@@ -137,7 +137,7 @@ def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | N
                            ".onnx file with --dim NAME=N")
         from autofusion.frontends.onnx_import import load_onnx
 
-        graph = load_onnx(model, dims=parse_dims(args.dim), registry=registry, feeds=feeds)
+        graph = load_onnx(model, dims=parse_dims(args.dim), registry=registry, feeds=feeds, symbolic=symbolic)
         return LoadedModel(graph, model, builtin=False)
     if model not in models.builtin_names() and ("/" in model or "\\" in model or "." in model):
         raise CliError(f"no such file: {model} (and no built-in model of that name; built-in models: "

@@ -23,12 +23,14 @@ import numpy as np
 
 from autofusion.codegen.buffers import BufferPlan, plan_buffers
 from autofusion.codegen.cores import CoreChooser
+from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.group_renderer import render_group
 from autofusion.codegen.kernel_context import KernelSource, group_comment
 from autofusion.codegen.names import NameTable, c_comment_text
 from autofusion.codegen.templates import TemplateSet, default_templates
 from autofusion.decide.plan import Plan
 from autofusion.graph.types import DType
+from autofusion.ir.symbolic import is_symbolic, symbols_of
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
@@ -130,6 +132,10 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     ``af_run`` also clocks each group's step and ``af_profile`` returns the seconds of the last run.
     ``chooser`` decides how each matrix product runs (codegen/cores.py; default: untuned);
     ``registry`` defaults to the plan's (plugin ops included when the plan was made with them)."""
+    if is_symbolic(plan.graph):
+        raise CodegenError(f"graph {plan.graph.name!r} has symbolic sizes ({', '.join(symbols_of(plan.graph))}): "
+                           "kernels are compiled per binding; bind the plan first (bind_plan) or run it "
+                           "with autofusion.runtime.DynamicModel")
     templates = templates or default_templates()
     registry = registry or plan.registry
     g = plan.graph

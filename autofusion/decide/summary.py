@@ -7,6 +7,7 @@ from typing import Any
 
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.graph.graph import Graph
+from autofusion.ir.symbolic import at_binding
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
@@ -42,6 +43,10 @@ def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) 
         "extract": float(stats.get("seconds_extract", 0.0)),
     }
     seconds["total"] = sum(seconds.values()) + float(stats.get("seconds_rules", 0.0))
+    priced_at = dict(stats.get("priced_at", {}))
+    graph = plan.graph
+    if priced_at:  # symbolic sizes: bytes at the binding the plan was priced at, like its times
+        source, graph = at_binding(source, priced_at), at_binding(graph, priced_at)
     return {
         "graph": source.name,
         "strategy": plan.strategy,
@@ -50,7 +55,7 @@ def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) 
         "kernels_before": int(stats.get("kernels_source", 0)),
         "kernels_after": plan.kernels,
         "intermediate_bytes_before": intermediate_bytes_unfused(source, registry),
-        "intermediate_bytes_after": intermediate_bytes_fused(plan.graph, plan.groups),
+        "intermediate_bytes_after": intermediate_bytes_fused(graph, plan.groups),
         "cost_before": plan.cost_before.seconds,
         "cost_after": plan.cost_after.seconds,
         "cost_breakdown_before": {"bytes": plan.cost_before.bytes, "flops": plan.cost_before.flops,
@@ -62,4 +67,5 @@ def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) 
         "saturation_stop": stats.get("saturation", {}).get("stop", ""),
         "skipped_rules": dict(stats.get("skipped_rules", {})),
         "notes": list(stats.get("notes", [])),
+        "priced_at": priced_at,
     }

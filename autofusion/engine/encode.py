@@ -212,7 +212,11 @@ class Encoder:
 
 
 def vec_text(array: np.ndarray) -> str:
-    return json.dumps([int(x) for x in np.asarray(array).reshape(-1)], separators=(",", ":"))
+    """``[1,2]`` for a vector, ``1`` for a scalar: equal text, equal shape (a Slice takes ``[0]``, not ``0``)."""
+    array = np.asarray(array)
+    if array.ndim == 0:
+        return json.dumps(int(array))
+    return json.dumps([int(x) for x in array.reshape(-1)], separators=(",", ":"))
 
 
 class Workdir:

@@ -32,6 +32,7 @@ from onnx import helper, numpy_helper
 from autofusion import __version__
 from autofusion.decide.plan import FusedGroup, Plan
 from autofusion.export.onnx_nodes import OPSET, NodeWriter, OnnxExportError, elem_type
+from autofusion.export.onnx_sizes import SizeWriter
 from autofusion.graph.graph import Graph
 
 DOMAIN = "autofusion"
@@ -54,7 +55,8 @@ def identifier(name: str, taken: set[str]) -> str:
 
 def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
     t = graph.types[name]
-    return helper.make_tensor_value_info(name, elem_type(t.dtype), list(t.shape))
+    shape = [d if isinstance(d, int) else str(d) for d in t.shape]  # a symbolic size as its dim_param
+    return helper.make_tensor_value_info(name, elem_type(t.dtype), shape)
 
 
 def _doc(plan: Plan, group: FusedGroup) -> str:
@@ -89,7 +91,7 @@ def to_onnx(plan: Plan, producer: str = "autofusion") -> onnx.ModelProto:
     writer = NodeWriter(graph, taken={n.name for n in graph.nodes})
     names: set[str] = set()
     functions: list[onnx.FunctionProto] = []
-    nodes: list[onnx.NodeProto] = []
+    nodes: list[onnx.NodeProto] = SizeWriter(graph, writer.fresh).constants()  # symbolic constants
     for group in plan.groups:
         if not group.fused:
             nodes.extend(writer.nodes(graph.node_by_name[group.nodes[0]]))
@@ -100,7 +102,7 @@ def to_onnx(plan: Plan, producer: str = "autofusion") -> onnx.ModelProto:
         call.doc_string = functions[-1].doc_string
         nodes.append(call)
     initializers = [numpy_helper.from_array(np.array(graph.constants[c].array, order="C"), c)
-                    for c in _used_constants(graph)]
+                    for c in _used_constants(graph) if not graph.constants[c].is_symbolic]
     outer = {o for n in nodes for o in n.output} - set(graph.outputs)
     value_info = [_value_info(graph, t) for t in graph.types if t in outer]
     proto = helper.make_graph(

@@ -220,8 +220,10 @@ def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str
     if unbound:
         listed = ", ".join(f"{sym!r} (in {', '.join(map(repr, users))})" for sym, users in unbound.items())
         example = ", ".join(f'"{sym}": N' for sym in unbound)
-        raise OnnxImportError(f"unbound symbolic dimension(s) {listed}: autofusion needs static shapes; "
-                              f"bind them with dims={{{example}}}")
+        flags = " ".join(f"--dim {sym}=N" for sym in unbound)
+        raise OnnxImportError(f"unbound symbolic dimension(s) {listed}: running needs their sizes; bind them "
+                              f"with dims={{{example}}} (command line: {flags}, or --inputs FILE), or import "
+                              "with symbolic=True for one plan over every size")
     return types
 
 

@@ -10,6 +10,7 @@ import at those sizes would be.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,44 @@ def check_binding(graph: Graph, binding: Mapping[str, int]) -> dict[str, int]:
             raise BindError(f"size {name!r} = {value} exceeds {limit}, the most the model takes")
         out[name] = int(value)
     return out
+
+
+def binding_of_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The binding the input arrays' ``shapes`` (by input name) give, checked against every input's
+    symbolic shape: BindError naming the input and axis for another rank, a fixed size changed, a
+    symbol given two sizes, a size out of the graph's bounds or below 1."""
+    binding: dict[str, int] = {}
+    seen: dict[str, str] = {}
+    derived: list[tuple[str, int, Any, int]] = []  # sizes that are expressions, checked once all are bound
+    for name in graph.inputs:
+        if name not in shapes:
+            raise BindError(f"missing input {name!r}")
+        shape, declared = tuple(int(n) for n in shapes[name]), graph.types[name].shape
+        spelled = "[" + ", ".join(map(str, declared)) + "]"
+        if len(shape) != len(declared):
+            raise BindError(f"input {name!r} has shape {list(shape)}; the model takes {spelled}: "
+                            f"{len(declared)} dimension(s)")
+        for axis, (d, size) in enumerate(zip(declared, shape)):
+            here = f"input {name!r} axis {axis}"
+            if isinstance(d, int):
+                if size != d:
+                    raise BindError(f"{here} is {size}; the model takes {spelled}, fixed at {d} there")
+            elif d.is_Symbol:
+                if d.name in binding and binding[d.name] != size:
+                    raise BindError(f"{here} is {size}, but {d.name} is {binding[d.name]} in {seen[d.name]}")
+                binding.setdefault(d.name, size)
+                seen.setdefault(d.name, here)
+            else:
+                derived.append((name, axis, d, size))
+    try:
+        binding = check_binding(graph, binding)
+    except BindError as e:
+        where = next((f" (from {seen[s]})" for s in seen if f"'{s}'" in str(e)), "")
+        raise BindError(f"{e}{where}") from None
+    for name, axis, d, size in derived:
+        if evaluate(d, binding) != size:
+            raise BindError(f"input {name!r} axis {axis} is {size}; the model takes {d} = {evaluate(d, binding)} there")
+    return binding
 
 
 def with_bounds(graph: Graph, bounds: Mapping[str, int]) -> Graph:

@@ -3,6 +3,7 @@
 from autofusion.runtime.cache import CompileCache, default_cache_dir
 from autofusion.runtime.compare import CompareReport, compare_outputs, verify_plan
 from autofusion.runtime.compiler import compile_library
+from autofusion.runtime.dynamic import DynamicModel
 from autofusion.runtime.loader import RunError, default_threads
 from autofusion.runtime.model import CompiledModel
 from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
@@ -13,6 +14,7 @@ __all__ = [
     "CompileCache",
     "CompileError",
     "CompiledModel",
+    "DynamicModel",
     "RunError",
     "Toolchain",
     "UnfusedRunner",

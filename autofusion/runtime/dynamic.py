@@ -1,0 +1,78 @@
+"""DynamicModel: a plan for a graph with symbolic sizes, run at whatever sizes its feeds have."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from autofusion.decide.binding import bind_plan
+from autofusion.decide.plan import Plan
+from autofusion.ir.symbolic import BindError, binding_of_shapes, is_symbolic, symbols_of
+from autofusion.runtime.loader import RunError
+from autofusion.runtime.model import CompiledModel
+
+
+class DynamicModel:
+    """One plan (``optimize`` on a symbolic graph) run on feeds of any valid size.
+
+    >>> # model = DynamicModel(optimize(load_onnx(path, symbolic=True)))
+    >>> # model.run({"input_ids": ids})  # any batch and sequence length within the model's bounds
+
+    The sizes are read off the feeds (a shape that contradicts the graph is a RunError naming the
+    input and axis). Each binding's SuperKernel is compiled on its first call (the compile cache
+    keeps it on disk for later processes) and kept loaded for the ``keep`` most recent bindings;
+    ``options`` go to each CompiledModel (threads, tune, cache, ...). Safe from many threads: a
+    binding is compiled once however many calls ask for it at once.
+    """
+
+    def __init__(self, plan: Plan, keep: int = 8, **options: Any) -> None:
+        if not is_symbolic(plan.graph):
+            raise ValueError("the plan's graph has no symbolic sizes: use CompiledModel")
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.plan = plan
+        self.symbols = symbols_of(plan.graph)
+        self.keep = keep
+        self._options = options
+        self._models: OrderedDict[tuple[int, ...], CompiledModel] = OrderedDict()
+        self._compiling: dict[tuple[int, ...], threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.compiles = 0  # SuperKernels built (or taken from the compile cache) so far
+
+    def binding(self, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """The sizes ``feeds`` give each symbol; RunError naming the input and axis if they contradict
+        the graph (rank, a fixed size, a bound, two sizes for one symbol)."""
+        try:
+            return binding_of_shapes(self.plan.graph, {k: np.shape(v) for k, v in feeds.items()})
+        except BindError as e:
+            raise RunError(str(e)) from None
+
+    def model(self, binding: Mapping[str, int]) -> CompiledModel:
+        """The compiled model of ``binding`` (compiled now if it is not loaded)."""
+        key = tuple(int(binding[s]) for s in self.symbols)
+        with self._lock:
+            found = self._models.get(key)
+            if found is not None:
+                self._models.move_to_end(key)
+                return found
+            gate = self._compiling.setdefault(key, threading.Lock())
+        with gate:  # one compile per binding, however many callers wait for it
+            with self._lock:
+                found = self._models.get(key)
+            if found is None:
+                found = CompiledModel(bind_plan(self.plan, dict(zip(self.symbols, key))), **self._options)
+                with self._lock:
+                    self.compiles += 1
+                    self._models[key] = found
+                    while len(self._models) > self.keep:
+                        self._models.popitem(last=False)
+                    self._compiling.pop(key, None)
+        return found
+
+    def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
+        """Run the model at the sizes of ``feeds``."""
+        return self.model(self.binding(feeds)).run(feeds, threads)
