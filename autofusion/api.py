@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -56,18 +56,21 @@ def optimize(
     limits: Limits | None = None,
     registry: OpRegistry | None = None,
     kinds: KindRegistry | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> Plan:
     """Rewrite ``graph`` by equality saturation, then choose fused kernels under ``cost_model``
     (default: the calibrated model when a calibration file exists, see ``default_cost_model``);
     ``kinds`` are the kernel kinds rules may name (default: the built-in ones; with plugins':
-    ``autofusion.plugins.kinds_with_plugins()``)."""
+    ``autofusion.plugins.kinds_with_plugins()``). A graph with symbolic sizes gets one plan for
+    every binding, priced at ``sizes`` when given (the sizes it will mostly run at), else at its
+    bounds (128 where a size has none) and at size 1 together."""
     with bounded(graph.bounds):  # a graph with symbolic sizes: later stages take its bounds for granted
-        return _optimize(graph, rules, cost_model, strategy, size_cap, limits, registry, kinds)
+        return _optimize(graph, rules, cost_model, strategy, size_cap, limits, registry, kinds, sizes)
 
 
 def _optimize(graph: Graph, rules: RulesArg, cost_model: CostModel | None, strategy: str | Strategy,
               size_cap: int, limits: Limits | None, registry: OpRegistry | None,
-              kinds: KindRegistry | None) -> Plan:
+              kinds: KindRegistry | None, sizes: Mapping[str, int] | None) -> Plan:
     registry = registry or default_registry()
     cost_model = cost_model or default_cost_model(registry)
     t0 = time.perf_counter()
@@ -78,7 +81,7 @@ def _optimize(graph: Graph, rules: RulesArg, cost_model: CostModel | None, strat
     t2 = time.perf_counter()
     space, matches = fusion_space(rewritten.graph, ruleset, registry)
     t3 = time.perf_counter()
-    plan = decide(space, cost_model, strategy, size_cap, registry, kinds=kinds)
+    plan = decide(space, cost_model, strategy, size_cap, registry, kinds=kinds, sizes=sizes)
     t4 = time.perf_counter()
     stats = dict(plan.stats)
     stats.update({

@@ -109,7 +109,11 @@ def test_the_representative_binding_is_the_hint_the_bound_or_the_default() -> No
     assert representative_binding(graph, {"batch": 2, "seq": 9}) == {"batch": 2, "seq": 9}
     with pytest.raises(BindError, match="exceeds 64"):
         representative_binding(graph, {"seq": 100})
-    assert optimize(graph).stats["priced_at"] == {"batch": DEFAULT_REPRESENTATIVE_SIZE, "seq": 64}
+    plan = optimize(graph)
+    assert plan.stats["priced_at"] == {"batch": DEFAULT_REPRESENTATIVE_SIZE, "seq": 64}
+    assert plan.stats["priced_also_at"] == [{"batch": 1, "seq": 1}]  # short requests count as much
+    hinted = optimize(graph, sizes={"batch": 1, "seq": 32})
+    assert hinted.stats["priced_at"] == {"batch": 1, "seq": 32} and hinted.stats["priced_also_at"] == []
     for bad, message in (({"heads": 2}, "no size 'heads'"), ({"batch": 0}, "at least 1")):
         with pytest.raises(BindError, match=message):
             with_bounds(graph, bad)

@@ -8,7 +8,7 @@ from typing import Any
 from autofusion.cli.cmd_fuse import add_plan_arguments, make_plan
 from autofusion.cli.common import Output
 from autofusion.decide.explain import explain_report
-from autofusion.decide.summary import cost_model_text
+from autofusion.decide.summary import cost_model_text, priced_text
 
 
 def add_parser(subparsers: Any) -> None:
@@ -32,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     limit = args.limit or None
     out.line(f"cost model: {cost_model_text(report)}")
     if report["priced_at"]:
-        sizes = ", ".join(f"{k}={v}" for k, v in report["priced_at"].items())
-        out.line(f"symbolic sizes: the plan holds for every binding, priced at {sizes}")
+        out.line(f"symbolic sizes: {priced_text(report)}")
     out.table("rules that fired", ("rule", "kind", "where", "times"),
               [(r["rule"], r["kind"], r["where"], r["times"]) for r in report["rules"]][:limit])
     out.table("fused kernels", ("kernel", "template", "ops", "rules", "template from"),

@@ -77,7 +77,7 @@ def make_plan(args: argparse.Namespace, symbolic: bool = False) -> tuple[Any, An
 
 
 def run(args: argparse.Namespace) -> int:
-    from autofusion.decide.summary import cost_model_text, plan_summary
+    from autofusion.decide.summary import cost_model_text, plan_summary, priced_text
     from autofusion.plugins import registry_with_plugins
 
     loaded, plan = make_plan(args, symbolic=True)
@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     s = summary
     out.fields(f"fusion plan for {loaded.source} ({s['strategy']}, {s['cost_model']})", [
         ("cost model", cost_model_text(s)),
-        *([("symbolic sizes", "one plan for every binding; bytes and times at "
-            + ", ".join(f"{k}={v}" for k, v in s["priced_at"].items()))] if s["priced_at"] else []),
+        *([("symbolic sizes", priced_text(s))] if s["priced_at"] else []),
         ("kernels", f"{s['kernels_before']} -> {s['kernels_after']}"),
         ("intermediates materialised", f"{human_bytes(s['intermediate_bytes_before'])} -> "
                                        f"{human_bytes(s['intermediate_bytes_after'])}"),

@@ -36,4 +36,5 @@ def explain_report(plan: Plan) -> dict[str, Any]:
             "rewritten_nodes": dict(stats.get("rewritten_nodes", {})),
             "undecided_guards": {**stats.get("saturation", {}).get("undecided", {}), **stats.get("fusion_undecided", {})},
             "priced_at": dict(stats.get("priced_at", {})),
+            "priced_also_at": list(stats.get("priced_also_at", [])),
             "skipped_rules": dict(stats.get("skipped_rules", {}))}

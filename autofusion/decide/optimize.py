@@ -95,24 +95,19 @@ def decide(
 ) -> Plan:
     """Choose a fusion plan within ``space`` under ``cost_model``; ``kinds`` are the kernel kinds
     rules may name (default: the built-in ones). A graph with symbolic sizes gets a plan valid for
-    every binding, priced at ``sizes`` (see ``representative_binding``)."""
+    every binding, priced at ``sizes`` when given, else at a large and a small binding (_Pricing)."""
     registry = registry or default_registry()
     graph = space.graph
     model = cost_model or AnalyticCostModel(registry=registry)
     solver = get_strategy(strategy) if isinstance(strategy, str) else strategy
     checker = GroupChecker(space, registry, size_cap, kinds)
-    priced_at = representative_binding(graph, sizes)
-    priced = at_binding(graph, priced_at)
-    pricer = checker if priced is graph else GroupChecker(replace(space, graph=priced), registry, size_cap, kinds)
+    pricing = _Pricing(space, model, checker, registry, size_cap, kinds, sizes)
     cost_cache: dict[frozenset[str], CostBreakdown] = {}
-
-    def price(nodes: Collection[str]) -> CostBreakdown:
-        return model.group_cost(priced, sorted(nodes))
 
     def cost_of(nodes: frozenset[str]) -> CostBreakdown:
         c = cost_cache.get(nodes)
         if c is None:
-            c = cost_cache[nodes] = _kind_cost(pricer, nodes, price)
+            c = cost_cache[nodes] = pricing.cost(nodes)
         return c
 
     def seconds(nodes: frozenset[str]) -> float:
@@ -162,10 +157,48 @@ def decide(
         "cost_model": getattr(model, "name", type(model).__name__),
         "notes": notes,
     }
-    if priced_at:
-        stats["priced_at"] = priced_at  # symbolic sizes: the binding the plan was priced at
+    if pricing.bindings[0]:
+        stats["priced_at"] = pricing.bindings[0]  # symbolic sizes: the bindings the plan was priced at
+        stats["priced_also_at"] = pricing.bindings[1:]
     return Plan(graph, groups, before, after, unfused, getattr(solver, "name", str(strategy)), FrozenMap(stats),
                 checker.kinds, registry)
+
+
+class _Pricing:
+    """Group costs. A graph with symbolic sizes is priced at its representative binding and, unless
+    ``sizes`` names the one to price at, also with every size 1: a group's seconds are the mean of
+    its seconds at each, each relative to the whole graph's there (in the first one's units), so
+    the plan suits short sequences and small batches as well as the largest."""
+
+    def __init__(self, space: FusionSpace, model: CostModel, checker: GroupChecker, registry: OpRegistry,
+                 size_cap: int, kinds: KindRegistry | None, sizes: Mapping[str, int] | None) -> None:
+        graph = space.graph
+        first = representative_binding(graph, sizes)
+        ones = {s: 1 for s in first}
+        self.bindings = [first] if sizes or not first or first == ones else [first, ones]
+        self.model = model
+        self._priced: list[tuple[Graph, GroupChecker]] = []
+        for b in self.bindings:
+            priced = at_binding(graph, b)
+            pricer = checker if priced is graph else GroupChecker(replace(space, graph=priced), registry, size_cap,
+                                                                  kinds)
+            self._priced.append((priced, pricer))
+        self._scale = [1.0] * len(self._priced)
+        if len(self._priced) > 1:
+            totals = [sum(self._at(i, frozenset([n.name])).seconds for n in graph.nodes)
+                      for i in range(len(self._priced))]
+            self._scale = [totals[0] / t if t > 0 else 0.0 for t in totals]
+
+    def _at(self, i: int, nodes: frozenset[str]) -> CostBreakdown:
+        priced, pricer = self._priced[i]
+        return _kind_cost(pricer, nodes, lambda ns: self.model.group_cost(priced, sorted(ns)))
+
+    def cost(self, nodes: frozenset[str]) -> CostBreakdown:
+        first = self._at(0, nodes)
+        if len(self._priced) == 1:
+            return first
+        seconds = sum(self._at(i, nodes).seconds * k for i, k in enumerate(self._scale)) / len(self._scale)
+        return replace(first, seconds=seconds)
 
 
 def _kind_cost(checker: GroupChecker, nodes: frozenset[str],

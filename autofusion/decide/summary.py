@@ -68,4 +68,16 @@ def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) 
         "skipped_rules": dict(stats.get("skipped_rules", {})),
         "notes": list(stats.get("notes", [])),
         "priced_at": priced_at,
+        "priced_also_at": list(stats.get("priced_also_at", [])),
     }
+
+
+def priced_text(report: dict[str, Any]) -> str:
+    """How a plan over symbolic sizes was priced, for a person (``report``: a summary or explain report)."""
+    def sizes(b: dict[str, int]) -> str:
+        return ", ".join(f"{k}={v}" for k, v in b.items())
+
+    also = "".join(f" and at {sizes(b)}" for b in report.get("priced_also_at", []))
+    return (f"one plan for every binding; bytes at {sizes(report['priced_at'])}, times the mean of those at "
+            f"{sizes(report['priced_at'])}{also}, each relative to the whole model there" if also else
+            f"one plan for every binding; bytes and times at {sizes(report['priced_at'])}")
