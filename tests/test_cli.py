@@ -165,6 +165,13 @@ def test_fuse_and_explain_plan_a_dynamic_model_for_every_size(capsys: pytest.Cap
     code, _, err = cli(capsys, "fuse", model, "--emit", str(tmp_path / "c"))
     assert code == 2 and "has symbolic sizes (batch, seq)" in err and "--dim batch=N --dim seq=N" in err
     assert cli_json(capsys, "fuse", model, "--dim", "batch=2", "--dim", "seq=8", "--json")["priced_at"] == {}
+    assert cli_json(capsys, "fuse", "gpt2-tiny", "--dynamic", "--json")["priced_at"] == {"batch": 128, "seq": 64}
+    for argv, message in ((("bench", "bert-tiny", "--dynamic"), "runs or measures at fixed sizes"),
+                          (("fuse", model, "--dynamic"), "--dynamic is for built-in models"),
+                          (("fuse", "bert-tiny", "--dynamic", "--seq", "8"), "no fixed seq or batch"),
+                          (("explain", "resnet18", "--dynamic"), "only the transformers")):
+        code, _, err = cli(capsys, *argv)
+        assert code == 2 and message in err, (argv, err)
 
 
 def test_saved_file_feeds_a_later_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

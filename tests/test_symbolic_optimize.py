@@ -211,3 +211,24 @@ def test_equal_integer_constants_of_different_shapes_stay_apart_in_the_egraph() 
 
     # a Slice's starts [0] and a scalar 0 were one e-class, and the export wrote a 0-d starts
     assert vec_text(np.array(0)) != vec_text(np.array([0]))
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny"])
+def test_a_dynamic_builtin_model_bound_computes_what_the_static_build_does(name: str) -> None:
+    from autofusion.ir import run_graph
+    from autofusion.ir.symbolic import bind, symbols_of
+    from autofusion.models import ModelSizeError, build
+    from autofusion.models.inputs import random_inputs
+
+    graph = build(name, dynamic=True)
+    assert symbols_of(graph) == ("batch", "seq") and dict(graph.bounds) == {"seq": 64}
+    for batch, seq in ((1, 7), (2, 16), (1, 64)):
+        static = build(name, seq=seq, batch=batch)
+        feeds = random_inputs(static, seed=seq)
+        got, want = run_graph(bind(graph, {"batch": batch, "seq": seq}), feeds), run_graph(static, feeds)
+        for out in static.outputs:
+            np.testing.assert_array_equal(got[out], want[out], err_msg=f"{name} {out} at {batch} x {seq}")
+    with pytest.raises(ModelSizeError, match="only the transformers"):
+        build("resnet18", dynamic=True)
+    with pytest.raises(ModelSizeError, match="no fixed seq"):
+        build(name, seq=8, dynamic=True)

@@ -131,6 +131,12 @@ def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | N
     from autofusion import models
 
     model: str = args.model
+    dynamic = getattr(args, "dynamic", False)
+    if dynamic and not symbolic:
+        raise CliError("--dynamic plans one model for every size; this command runs or measures at fixed sizes "
+                       "(give --seq and --batch)")
+    if dynamic and is_onnx_path(model):
+        raise CliError("--dynamic is for built-in models: an .onnx file keeps its dynamic axes unless --dim binds them")
     if is_onnx_path(model):
         if args.seq is not None or args.batch is not None:
             raise CliError("--seq and --batch size built-in models; bind the symbolic dimensions of an "
@@ -144,7 +150,8 @@ def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | N
                        f"{', '.join(models.builtin_names())})")
     if args.dim:
         raise CliError("--dim binds dimensions of .onnx files; size a built-in model with --seq and --batch")
-    return LoadedModel(models.build(model, seq=args.seq, batch=args.batch, seed=seed), model, builtin=True)
+    return LoadedModel(models.build(model, seq=args.seq, batch=args.batch, seed=seed, dynamic=dynamic), model,
+                       builtin=True)
 
 
 # -- output -----------------------------------------------------------------------------------

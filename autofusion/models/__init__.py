@@ -37,7 +37,7 @@ def spec(name: str) -> ModelSpec:
 
 
 def build(name: str, seq: int | None = None, batch: int | None = None, seed: int = 0,
-          weights: Mapping[str, np.ndarray] | None = None) -> Graph:
+          weights: Mapping[str, np.ndarray] | None = None, dynamic: bool = False) -> Graph:
     """The graph of built-in model ``name`` with seeded random weights.
 
     ``seq`` is the sequence length of transformers (default 128; 16 for the tiny ones) and the
@@ -45,9 +45,10 @@ def build(name: str, seq: int | None = None, batch: int | None = None, seed: int
     state-dict names (``encoder.layer.0.attention.self.query.weight``) to arrays that replace the
     drawn ones, e.g. trained weights; linear weights used by MatMul/Gemm without transB are stored
     ``[in, out]`` as the exporter stores them. Raises UnknownModelError, ModelSizeError or
-    WeightError (all ValueError) with a message for the user.
+    WeightError (all ValueError) with a message for the user. ``dynamic`` (transformers) leaves
+    ``batch`` and ``seq`` symbolic: one graph for every size (see autofusion.ir.symbolic).
     """
-    return spec(name).build(seq, batch, seed, weights)
+    return spec(name).build(seq, batch, seed, weights, dynamic)
 
 
 def describe(name: str) -> str:

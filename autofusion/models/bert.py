@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autofusion.graph.dims import Dim
 from autofusion.ir import DType, Graph
 from autofusion.models.export_builder import ExportBuilder
 from autofusion.models.weights import WeightInit, ones, zeros
@@ -77,7 +78,7 @@ def gelu_erf(e: ExportBuilder, scope: str, x: str) -> str:
     return e.node(scope, "Mul", m, e.const(scope, np.float32(0.5)))
 
 
-def _embeddings(e: ExportBuilder, w: WeightInit, cfg: BertConfig, ids: str, token_types: str, seq: int) -> str:
+def _embeddings(e: ExportBuilder, w: WeightInit, cfg: BertConfig, ids: str, token_types: str, seq: Dim) -> str:
     s = "/embeddings"
     std = cfg.init_std
     word = e.param("embeddings.word_embeddings.weight", w.normal((cfg.vocab, cfg.hidden), std))
@@ -86,13 +87,13 @@ def _embeddings(e: ExportBuilder, w: WeightInit, cfg: BertConfig, ids: str, toke
     x = e.node(f"{s}/word_embeddings", "Gather", word, ids)
     t = e.node(f"{s}/token_type_embeddings", "Gather", types, token_types)
     x = e.node(s, "Add", x, t)
-    position_ids = e.const(s, np.arange(seq, dtype=np.int64)[None, :])
+    position_ids = e.prefix(s, np.arange(cfg.max_positions, dtype=np.int64)[None, :], seq, axes=[1])
     p = e.node(f"{s}/position_embeddings", "Gather", pos, position_ids)
     x = e.node(s, "Add", x, p)
     return _layer_norm(e, s, "embeddings.LayerNorm", x, cfg.hidden, cfg.eps)
 
 
-def _extended_mask(e: ExportBuilder, mask: str, batch: int, seq: int) -> str:
+def _extended_mask(e: ExportBuilder, mask: str, batch: Dim, seq: Dim) -> str:
     """``[B, S]`` 0/1 mask -> additive ``[B, 1, S, S]`` mask: 0 where attended, float32 min elsewhere."""
     s = ""
     b = e.node(s, "Cast", mask, to=BOOL)
@@ -104,7 +105,7 @@ def _extended_mask(e: ExportBuilder, mask: str, batch: int, seq: int) -> str:
 
 
 def _self_attention(e: ExportBuilder, w: WeightInit, cfg: BertConfig, i: int, x: str, mask: str,
-                    batch: int, seq: int) -> str:
+                    batch: Dim, seq: Dim) -> str:
     s = f"/encoder/layer.{i}/attention/self"
     p = f"encoder.layer.{i}.attention.self"
     heads_shape = (batch, seq, -1, cfg.head_size)
@@ -122,7 +123,7 @@ def _self_attention(e: ExportBuilder, w: WeightInit, cfg: BertConfig, i: int, x:
     return e.node(s, "Reshape", ctx, e.shape(s, (batch, seq, -1)))
 
 
-def _layer(e: ExportBuilder, w: WeightInit, cfg: BertConfig, i: int, x: str, mask: str, batch: int, seq: int,
+def _layer(e: ExportBuilder, w: WeightInit, cfg: BertConfig, i: int, x: str, mask: str, batch: Dim, seq: Dim,
            output: str | None) -> str:
     ctx = _self_attention(e, w, cfg, i, x, mask, batch, seq)
     s, p = f"/encoder/layer.{i}/attention/output", f"encoder.layer.{i}.attention.output"
@@ -145,7 +146,7 @@ def _pooler(e: ExportBuilder, w: WeightInit, cfg: BertConfig, hidden_states: str
     return e.node(f"{s}/activation", "Tanh", y, output="pooler_output")
 
 
-def build_bert(cfg: BertConfig, seq: int, batch: int, seed: int, name: str,
+def build_bert(cfg: BertConfig, seq: Dim, batch: Dim, seed: int, name: str,
                weights: Mapping[str, np.ndarray] | None = None) -> Graph:
     """A ``BertModel`` graph for ``batch`` sequences of ``seq`` tokens, weights from ``seed``."""
     e = ExportBuilder(name, weights=weights)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autofusion.graph.dims import Dim, bounded, symbol
+from autofusion.graph.graph import FrozenMap
 from autofusion.ir import Graph
 from autofusion.models.bert import BertConfig, build_bert
 from autofusion.models.gpt2 import GPT2Config, build_gpt2
@@ -50,9 +52,12 @@ class ModelSpec:
         return None
 
     def build(self, seq: int | None = None, batch: int | None = None, seed: int = 0,
-              weights: Mapping[str, np.ndarray] | None = None) -> Graph:
+              weights: Mapping[str, np.ndarray] | None = None, dynamic: bool = False) -> Graph:
         """The graph for ``seq``/``batch`` (defaults when None) with weights drawn from ``seed``;
-        ``weights`` replaces drawn ones by state-dict name."""
+        ``weights`` replaces drawn ones by state-dict name. ``dynamic`` (transformers only) leaves
+        ``batch`` and ``seq`` symbolic, with ``seq`` bounded by the positions the model has."""
+        if dynamic:
+            return self._build_dynamic(seq, batch, seed, weights)
         batch = self.default_batch if batch is None else batch
         if batch < 1:
             raise ModelSizeError(f"{self.name}: batch must be at least 1, got {batch}")
@@ -68,7 +73,18 @@ class ModelSpec:
         return _build(self, seq, batch, seed, weights)
 
 
-def _build(spec: ModelSpec, seq: int, batch: int, seed: int, weights: Mapping[str, np.ndarray] | None) -> Graph:
+    def _build_dynamic(self, seq: int | None, batch: int | None, seed: int,
+                       weights: Mapping[str, np.ndarray] | None) -> Graph:
+        if self.max_seq is None:
+            raise ModelSizeError(f"{self.name}: only the transformers have dynamic sizes (batch and seq)")
+        if seq is not None or batch is not None:
+            raise ModelSizeError(f"{self.name}: a dynamic model has no fixed seq or batch")
+        with bounded({"seq": self.max_seq}):  # position ids and the causal mask are prefixes of max_seq rows
+            graph = _build(self, symbol("seq"), symbol("batch"), seed, weights)
+        return graph.replace(bounds=FrozenMap({"seq": self.max_seq}))
+
+
+def _build(spec: ModelSpec, seq: Dim, batch: Dim, seed: int, weights: Mapping[str, np.ndarray] | None) -> Graph:
     cfg = spec.config
     if isinstance(cfg, BertConfig):
         return build_bert(cfg, seq, batch, seed, spec.name, weights)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from autofusion.graph.dims import Dim, is_static
 from autofusion.ir import DType, Graph, GraphBuilder
 from autofusion.ops.registry import OpRegistry
 
@@ -48,7 +49,7 @@ class ExportBuilder:
         self._uses[base] = k + 1
         return base if k == 0 else f"{base}_{k}"
 
-    def input(self, name: str, shape: Sequence[int], dtype: DType) -> str:
+    def input(self, name: str, shape: Sequence[Dim], dtype: DType) -> str:
         return self.builder.input(name, shape, dtype)
 
     def param(self, name: str, value: np.ndarray) -> str:
@@ -69,9 +70,22 @@ class ExportBuilder:
             array = array.astype(np.float32)  # the exporter writes Python floats as float32
         return self.builder.const(array, self._unique(f"{scope}/Constant") + "_output_0")
 
-    def shape(self, scope: str, dims: Sequence[int]) -> str:
-        """An int64 shape vector for Reshape / Expand / Split."""
-        return self.const(scope, list(dims), np.int64)
+    def shape(self, scope: str, dims: Sequence[Dim]) -> str:
+        """An int64 shape vector for Reshape / Expand / Split (symbolic when a size is)."""
+        if all(is_static(d) for d in dims):
+            return self.const(scope, list(dims), np.int64)
+        return self.builder.const(np.array(list(dims), dtype=object), self._unique(f"{scope}/Concat") + "_output_0")
+
+    def prefix(self, scope: str, table: np.ndarray, length: Dim, axes: Sequence[int]) -> str:
+        """The first ``length`` entries along ``axes`` of a constant table (position ids, the causal
+        mask): the constant itself for a fixed length, a ``Slice`` of the whole table for a symbolic
+        one, as the exporters write a model with dynamic axes."""
+        if is_static(length):
+            return self.const(scope, table[tuple(slice(0, length) if d in axes else slice(None)
+                                                 for d in range(table.ndim))])
+        whole = self.const(scope, table)
+        starts, ends = self.const(scope, [0] * len(axes), np.int64), self.shape(scope, [length] * len(axes))
+        return self.node(scope, "Slice", whole, starts, ends, self.const(scope, list(axes), np.int64))
 
     def node(self, scope: str, op: str, *inputs: str, output: str | None = None, **attrs: Any) -> str:
         """One single-output node; its output is ``{node name}_output_0`` unless ``output`` names it."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autofusion.graph.dims import Dim
 from autofusion.ir import DType, Graph
 from autofusion.models.export_builder import ExportBuilder
 from autofusion.models.weights import WeightInit, ones, zeros
@@ -80,19 +81,19 @@ def gelu_tanh(e: ExportBuilder, scope: str, x: str) -> str:
     return e.node(scope, "Mul", half, e.node(scope, "Add", t, e.const(scope, np.float32(1.0))))
 
 
-def _causal_mask(e: ExportBuilder, mask: str, batch: int, seq: int) -> str:
+def _causal_mask(e: ExportBuilder, mask: str, batch: Dim, seq: Dim, n_positions: int) -> str:
     """Padding mask ``[B, S]`` and causal triangle -> additive ``[B, 1, S, S]`` mask."""
     s = ""
     m = e.node(s, "Reshape", mask, e.shape(s, (batch, -1)))
     m = e.node(s, "Cast", m, to=BOOL)
     m = e.node(s, "Reshape", m, e.shape(s, (batch, 1, 1, seq)))
-    causal = e.const(s, np.tril(np.ones((seq, seq), dtype=bool))[None, None])
+    causal = e.prefix(s, np.tril(np.ones((n_positions, n_positions), dtype=bool))[None, None], seq, axes=[2, 3])
     m = e.node(s, "And", causal, m)
     return e.node(s, "Where", m, e.const(s, np.float32(0.0)), e.const(s, np.finfo(np.float32).min))
 
 
 def _attention(e: ExportBuilder, w: WeightInit, cfg: GPT2Config, i: int, x: str, mask: str,
-               batch: int, seq: int) -> str:
+               batch: Dim, seq: Dim) -> str:
     s, p = f"/h.{i}/attn", f"h.{i}.attn"
     lead = (batch, seq)
     qkv = _conv1d(e, w, f"{s}/c_attn", f"{p}.c_attn", x, lead, cfg.hidden, 3 * cfg.hidden, cfg.init_std)
@@ -109,7 +110,7 @@ def _attention(e: ExportBuilder, w: WeightInit, cfg: GPT2Config, i: int, x: str,
     return _conv1d(e, w, f"{s}/c_proj", f"{p}.c_proj", ctx, lead, cfg.hidden, cfg.hidden, cfg.init_std)
 
 
-def _block(e: ExportBuilder, w: WeightInit, cfg: GPT2Config, i: int, x: str, mask: str, batch: int, seq: int) -> str:
+def _block(e: ExportBuilder, w: WeightInit, cfg: GPT2Config, i: int, x: str, mask: str, batch: Dim, seq: Dim) -> str:
     s, p = f"/h.{i}", f"h.{i}"
     lead = (batch, seq)
     a = _attention(e, w, cfg, i, _layer_norm(e, f"{s}/ln_1", f"{p}.ln_1", x, cfg.hidden, cfg.eps), mask, batch, seq)
@@ -121,7 +122,7 @@ def _block(e: ExportBuilder, w: WeightInit, cfg: GPT2Config, i: int, x: str, mas
     return e.node(s, "Add", x, h)
 
 
-def build_gpt2(cfg: GPT2Config, seq: int, batch: int, seed: int, name: str,
+def build_gpt2(cfg: GPT2Config, seq: Dim, batch: Dim, seed: int, name: str,
                weights: Mapping[str, np.ndarray] | None = None) -> Graph:
     """A ``GPT2Model`` graph for ``batch`` sequences of ``seq`` tokens, weights from ``seed``."""
     e = ExportBuilder(name, weights=weights)
@@ -131,9 +132,10 @@ def build_gpt2(cfg: GPT2Config, seq: int, batch: int, seed: int, name: str,
     wte = e.param("wte.weight", w.normal((cfg.vocab, cfg.hidden), cfg.init_std))
     wpe = e.param("wpe.weight", w.normal((cfg.n_positions, cfg.hidden), cfg.init_std))
     tokens = e.node("/wte", "Gather", wte, e.node("", "Reshape", ids, e.shape("", (-1, seq))))
-    positions = e.node("/wpe", "Gather", wpe, e.const("", np.arange(seq, dtype=np.int64)[None, :]))
+    positions = e.node("/wpe", "Gather", wpe, e.prefix("", np.arange(cfg.n_positions, dtype=np.int64)[None, :], seq,
+                                                        axes=[1]))
     x = e.node("", "Add", tokens, e.node("", "Cast", positions, to=FLOAT))
-    ext_mask = _causal_mask(e, mask, batch, seq)
+    ext_mask = _causal_mask(e, mask, batch, seq, cfg.n_positions)
     for i in range(cfg.layers):
         x = _block(e, w, cfg, i, x, ext_mask, batch, seq)
     x = _layer_norm(e, "/ln_f", "ln_f", x, cfg.hidden, cfg.eps)
