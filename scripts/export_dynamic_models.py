@@ -5,7 +5,10 @@
 transformers' BertModel and GPT2Model (2 layers, hidden 64, 2 heads, vocabulary 100, 64 positions,
 eager attention, random weights from seed 0), each exported twice with batch and sequence length
 as dynamic axes: by the TorchScript exporter (opset 17, ``dynamic_axes``) and by the dynamo one
-(opset 18, ``dynamic_shapes``). The tests run them at several sizes against onnxruntime.
+(opset 18, ``dynamic_shapes``). Beside them, the other architectures of the shared models: a small
+ResNet-style CNN (batch dynamic; both exporters) and an ``nn.LSTM`` with a linear head (time steps
+and batch dynamic; TorchScript exporter, the ONNX LSTM op). The tests run them at several sizes
+against onnxruntime.
 """
 
 from __future__ import annotations
@@ -49,6 +52,67 @@ def _models() -> list[tuple[str, Any, tuple[Any, ...], list[str]]]:
             ("gpt2", Gpt2(), (ids, mask), ["input_ids", "attention_mask"])]
 
 
+def _cnn() -> Any:
+    """Three basic residual blocks (16, 32, 64 channels, the last two with stride 2) on 3x32x32."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.skip = nn.Sequential() if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x: Any) -> Any:
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + self.skip(x))
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                        Block(16, 16, 1), Block(16, 32, 2), Block(32, 64, 2),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    for m in net.modules():  # statistics that are not the identity, so BatchNorm is really tested
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    return net.eval()
+
+
+def _lstm() -> Any:
+    import torch
+    from torch import nn
+
+    class Tagger(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm, self.head = nn.LSTM(32, 48), nn.Linear(48, 10)
+
+        def forward(self, x: Any) -> Any:
+            return self.head(self.lstm(x)[0])
+
+    torch.manual_seed(0)
+    return Tagger().eval()
+
+
+def _export_others(out: Path) -> None:
+    import torch
+
+    cnn, image = _cnn(), torch.randn(2, 3, 32, 32)
+    torch.onnx.export(cnn, (image,), str(out / "resnet_tiny_dyn_script.onnx"), input_names=["image"],
+                      output_names=["logits"], opset_version=17, dynamo=False,
+                      dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}})
+    dynamo = out / "resnet_tiny_dyn_dynamo.onnx"
+    torch.onnx.export(cnn, (image,), str(dynamo), input_names=["image"], output_names=["logits"], opset_version=18,
+                      dynamo=True, optimize=True, dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+    _inline_weights(dynamo)
+    torch.onnx.export(_lstm(), (torch.randn(8, 2, 32),), str(out / "lstm_op_dyn_script.onnx"), input_names=["x"],
+                      output_names=["y"], opset_version=17, dynamo=False,
+                      dynamic_axes={"x": {0: "seq", 1: "batch"}, "y": {0: "seq", 1: "batch"}})
+    print(f"wrote the CNN and the LSTM to {out}")
+
+
 def _inline_weights(path: Path) -> None:
     """The dynamo exporter writes the weights beside the model (NAME.onnx.data): keep one file."""
     import onnx
@@ -73,6 +137,7 @@ def main(out: Path) -> None:
                           dynamic_shapes={n: {0: batch, 1: seq} for n in inputs})
         _inline_weights(dynamo)
         print(f"wrote {name} to {out}")
+    _export_others(out)
 
 
 if __name__ == "__main__":

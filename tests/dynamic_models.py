@@ -8,7 +8,15 @@ import numpy as np
 
 from autofusion.graph.graph import Graph
 
-DYNAMIC = sorted((Path(__file__).parent / "data" / "dynamic").glob("*.onnx"))
+HERE = Path(__file__).parent / "data" / "dynamic"
+DYNAMIC = sorted([*HERE.glob("bert_*.onnx"), *HERE.glob("gpt2_*.onnx")])  # transformers: batch and seq
+CNN_AND_LSTM = sorted([*HERE.glob("resnet_*.onnx"), *HERE.glob("lstm_*.onnx")])  # batch (and the LSTM's seq)
+
+
+def other_feeds(path: Path, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Images [batch, 3, 32, 32] for the CNNs, time steps [seq, batch, 32] for the LSTM."""
+    shape = (seq, batch, 32) if path.stem.startswith("lstm") else (batch, 3, 32, 32)
+    return {"x" if path.stem.startswith("lstm") else "image": rng.standard_normal(shape).astype(np.float32)}
 
 
 def dynamic_feeds(graph: Graph, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dynamic_models import DYNAMIC, dynamic_feeds
+from dynamic_models import CNN_AND_LSTM, DYNAMIC, dynamic_feeds, other_feeds
 
 from autofusion import optimize
 from autofusion.codegen import CodegenError
@@ -19,8 +19,15 @@ from autofusion.frontends.onnx_import import load_onnx
 from autofusion.graph.dims import bounded, compare, symbol, upper_bound
 from autofusion.graph.graph import Graph
 from autofusion.graph.types import DType, TensorType
-from autofusion.ir import GraphBuilder
-from autofusion.ir.symbolic import DEFAULT_REPRESENTATIVE_SIZE, BindError, representative_binding, with_bounds
+from autofusion.ir import GraphBuilder, run_graph
+from autofusion.ir.symbolic import (
+    DEFAULT_REPRESENTATIVE_SIZE,
+    BindError,
+    bind,
+    representative_binding,
+    symbols_of,
+    with_bounds,
+)
 from autofusion.runtime import CompiledModel, DynamicModel, RunError
 
 SEQ, BATCH = symbol("seq"), symbol("batch")
@@ -215,8 +222,6 @@ def test_equal_integer_constants_of_different_shapes_stay_apart_in_the_egraph() 
 
 @pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny"])
 def test_a_dynamic_builtin_model_bound_computes_what_the_static_build_does(name: str) -> None:
-    from autofusion.ir import run_graph
-    from autofusion.ir.symbolic import bind, symbols_of
     from autofusion.models import ModelSizeError, build
     from autofusion.models.inputs import random_inputs
 
@@ -232,3 +237,21 @@ def test_a_dynamic_builtin_model_bound_computes_what_the_static_build_does(name:
         build("resnet18", dynamic=True)
     with pytest.raises(ModelSizeError, match="no fixed seq"):
         build(name, seq=8, dynamic=True)
+
+
+@pytest.mark.parametrize("path", CNN_AND_LSTM, ids=[p.stem for p in CNN_AND_LSTM])
+def test_cnns_and_an_lstm_with_dynamic_axes_run_one_plan_at_any_size(path: Path) -> None:
+    """The other architectures of the shared models, exported with a dynamic batch (and the LSTM's
+    time steps): Conv, BatchNorm folded or not, pooling, Flatten, Gemm and the LSTM op."""
+    ort = pytest.importorskip("onnxruntime")
+    graph = load_onnx(path, symbolic=True)
+    assert symbols_of(graph) == (("batch", "seq") if path.stem.startswith("lstm") else ("batch",))
+    model, session = DynamicModel(optimize(graph)), ort.InferenceSession(str(path))
+    rng = np.random.default_rng(4)
+    for batch, seq in ((1, 3), (3, 8)):
+        feeds = other_feeds(path, batch, seq, rng)
+        want = session.run(None, feeds)[0]
+        bound = bind(graph, {s: {"batch": batch, "seq": seq}[s] for s in symbols_of(graph)})
+        np.testing.assert_allclose(run_graph(bound, feeds)[bound.outputs[0]], want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(model.run(feeds)[graph.outputs[0]], want, rtol=1e-4, atol=1e-5)
+    assert model.compiles == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from dynamic_models import DYNAMIC, dynamic_feeds
+from dynamic_models import CNN_AND_LSTM, DYNAMIC, dynamic_feeds
 from onnx import TensorProto, helper
 
 from autofusion.frontends import load_onnx
@@ -110,7 +110,7 @@ def test_shape_arithmetic_folds_with_integer_semantics_and_decided_comparisons()
 
 
 def test_the_dynamic_models_are_there() -> None:
-    assert len(DYNAMIC) == 4, "tests/data/dynamic lost its models"
+    assert len(DYNAMIC) == 4 and len(CNN_AND_LSTM) == 3, "tests/data/dynamic lost its models"
 
 
 @pytest.mark.parametrize("path", DYNAMIC, ids=[p.stem for p in DYNAMIC])
