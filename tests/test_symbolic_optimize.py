@@ -10,7 +10,7 @@ import pytest
 from dynamic_models import CNN_AND_LSTM, DYNAMIC, dynamic_feeds, other_feeds
 
 from autofusion import optimize
-from autofusion.codegen import CodegenError
+from autofusion.codegen import CodegenError, render_plan
 from autofusion.decide.binding import bind_plan
 from autofusion.decide.explain import explain_report
 from autofusion.dsl.guards import Bindings, Call, Compare, IntLit, ListLit, Name, verdict
@@ -163,8 +163,10 @@ def test_a_dynamic_model_reads_the_sizes_off_its_feeds_and_compiles_each_binding
     assert model.compiles == 3  # (1, 5) and (2, 3) came back while loaded
     model.run(dynamic_feeds(graph, 1, 5, rng))
     assert model.compiles == 4  # keep=2: (1, 5) had been dropped for (1, 1)
-    with pytest.raises(CodegenError, match="symbolic sizes .* bind the plan first"):
+    with pytest.raises(RunError, match="symbolic sizes .*DynamicModel, or bind it first"):
         CompiledModel(model.plan)
+    with pytest.raises(CodegenError, match="kernels of kind .*gemm_epilogue.* fixed sizes only so far"):
+        render_plan(model.plan)
 
 
 def test_feeds_that_contradict_the_graph_are_refused_by_input_and_axis() -> None:
@@ -255,3 +257,71 @@ def test_cnns_and_an_lstm_with_dynamic_axes_run_one_plan_at_any_size(path: Path)
         np.testing.assert_allclose(run_graph(bound, feeds)[bound.outputs[0]], want, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(model.run(feeds)[graph.outputs[0]], want, rtol=1e-4, atol=1e-5)
     assert model.compiles == 2
+
+
+def _norm_block() -> Graph:
+    """Pointwise, softmax, residual LayerNorm (two outputs), a transpose and a reduction over the
+    batch: every kind that takes its sizes at run time so far."""
+    b = GraphBuilder("norm_block")
+    x, r = b.input("x", (BATCH, SEQ, 16)), b.input("r", (BATCH, SEQ, 16))
+    y = b.op("Softmax", b.op("Relu", b.op("Add", x, b.const(np.linspace(-1, 1, 16, dtype=np.float32)))), axis=-1)
+    ln = b.op("LayerNormalization", b.op("Add", y, r), b.const(np.full(16, 1.5, np.float32)),
+              b.const(np.full(16, 0.25, np.float32)), axis=-1)
+    scores = b.op("Softmax", b.op("Transpose", ln, perm=[0, 2, 1]), axis=-1)
+    mean = b.op("ReduceMean", scores, b.const(np.array([0], np.int64)), keepdims=1)
+    return b.build([ln, scores, mean])
+
+
+def test_one_library_serves_every_binding_without_compiling_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autofusion.runtime.dynamic as dynamic
+
+    graph = _norm_block()
+    model = DynamicModel(optimize(graph))
+    assert model.one_library_refused == "" and model.library_path is not None and model.compiles == 1
+    calls: list[object] = []
+    monkeypatch.setattr(dynamic, "compile_library", lambda *a, **k: calls.append(a))
+    for batch, seq in ((1, 1), (2, 7), (3, 64), (1, 333), (2, 7)):
+        rng = np.random.default_rng(batch * 1000 + seq)
+        feeds = {n: rng.standard_normal((batch, seq, 16)).astype(np.float32) for n in ("x", "r")}
+        got = model.run(feeds)
+        want = run_graph(bind(graph, {"batch": batch, "seq": seq}), feeds)
+        for out in graph.outputs:
+            assert got[out].shape == want[out].shape
+            np.testing.assert_allclose(got[out], want[out], rtol=1e-5, atol=1e-6, err_msg=f"{out} at {batch} x {seq}")
+    assert calls == [] and model.compiles == 1  # no compiler run for any new size
+
+
+def test_calls_at_different_sizes_at_once_each_get_their_own_answer() -> None:
+    import threading
+
+    graph = _norm_block()
+    model = DynamicModel(optimize(graph))
+    shapes = [(1, 5), (2, 9), (3, 17), (1, 64)]
+    feeds = [{n: np.random.default_rng(i).standard_normal((b, s, 16)).astype(np.float32) for n in ("x", "r")}
+             for i, (b, s) in enumerate(shapes)]
+    expected = [model.run(f) for f in feeds]
+    problems: list[str] = []
+
+    def work(t: int) -> None:
+        for j in range(30):
+            i = (t + j) % len(feeds)
+            try:
+                got = model.run(feeds[i])
+            except Exception as e:  # a thread's exception would not fail the test by itself
+                problems.append(f"thread {t} call {j}: {type(e).__name__}: {e}")
+                continue
+            if any(not np.array_equal(got[o], expected[i][o]) for o in graph.outputs):
+                problems.append(f"thread {t} call {j}: sizes {shapes[i]} differ")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert problems == []
+
+
+def test_a_plan_with_kernels_of_fixed_sizes_compiles_per_binding_and_says_why() -> None:
+    _, model = _dynamic_model(DYNAMIC[1])
+    assert model.library_path is None and "gemm_epilogue" in model.one_library_refused
+    assert "take fixed sizes only so far" in model.one_library_refused

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class Interval:
     """A workspace block: ``nbytes`` live from group step ``start`` to ``end`` (inclusive)."""
 
     name: str
-    nbytes: int
+    nbytes: Any  # an int, or an expression of symbolic sizes (blocks placed at run time)
     start: int
     end: int
 
@@ -72,6 +73,9 @@ class BufferPlan:
     view_copies: FrozenMap[str, tuple[tuple[str, int], ...]]  # group -> (source tensor, output index)
     final_copies: tuple[tuple[str, int], ...]  # (source tensor, output index) after the last group
     thread_bytes: int = 0  # the largest set of blocks one thread of one kernel allocates (im2col, tiles)
+    # sizes known only at run time: the workspace blocks, placed by each call (af_best_fit); then a
+    # workspace placement's and a scratch's index is its block's position here, not a byte offset
+    blocks: tuple[Interval, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -138,9 +142,11 @@ def _outputs_adopted_by_view_bases(plan: Plan, root: Mapping[str, str], out_inde
     return adopted
 
 
-def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[str, int] | None = None) -> BufferPlan:
+def plan_buffers(plan: Plan, scratch: Mapping[str, Any], thread_bytes: Mapping[str, int] | None = None,
+                 at_run_time: bool = False) -> BufferPlan:
     """Place every tensor of ``plan``; ``scratch`` gives each group's scratch bytes, ``thread_bytes``
-    the blocks each of its threads allocates."""
+    the blocks each of its threads allocates. ``at_run_time`` (symbolic sizes): the workspace blocks
+    are listed for the library to place at each call."""
     g = plan.graph
     place: dict[str, Placement] = {}
     for i, t in enumerate(g.inputs):
@@ -185,8 +191,11 @@ def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[s
 
     blocks = [Interval(t, g.types[t].nbytes, start[t], last[t]) for t in start]
     blocks += [Interval(f"scratch:{grp.name}", scratch.get(grp.name, 0), i, i)
-               for i, grp in enumerate(plan.groups) if scratch.get(grp.name, 0) > 0]
-    offsets, peak = best_fit(blocks)
+               for i, grp in enumerate(plan.groups) if scratch.get(grp.name, 0) != 0]
+    if at_run_time:
+        offsets, peak = {b.name: i for i, b in enumerate(blocks)}, 0
+    else:
+        offsets, peak = best_fit(blocks)
     for t in start:
         place[t] = Placement(t, "workspace", offsets[t], nbytes=g.types[t].nbytes)
     for t, r in root.items():
@@ -202,4 +211,5 @@ def plan_buffers(plan: Plan, scratch: Mapping[str, int], thread_bytes: Mapping[s
         FrozenMap((k, tuple(v)) for k, v in view_copies.items()),
         tuple(final_copies),
         max((thread_bytes or {}).values(), default=0),
+        tuple(blocks) if at_run_time else (),
     )

@@ -6,6 +6,7 @@ from autofusion.codegen.cores import CoreChooser
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.kernel_context import KernelContext, KernelSource, group_comment, group_error
 from autofusion.codegen.names import c_ident
+from autofusion.codegen.sizes import declared
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
 from autofusion.graph.graph import Graph
@@ -70,7 +71,7 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
     name = kernel_name(group)
     params = k.params()
     code = templates.render("kernel.c.j2", comment=group_comment(graph, group), name=name, params=params,
-                            body=body.splitlines())
+                            body=body.splitlines(), sizes=declared())
     return KernelSource(name, group, code, params, k.scratch_bytes,
                         tuple((ident, arr) for _, ident, arr in k.derived), k.uses_blas, k.thread_bytes,
                         tuple(k.cores))

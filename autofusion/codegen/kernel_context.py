@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autofusion.codegen.buffers import ALIGN, cache_line_aligned
+from autofusion.codegen.buffers import cache_line_aligned
 from autofusion.codegen.cores import CoreChoice, CoreChooser, CoreSpec, DefaultChooser
 from autofusion.codegen.ctype import ctype, literal
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.sizes import align_up, hint
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
 from autofusion.graph.graph import Graph, Node
@@ -125,13 +126,13 @@ class KernelContext:
     def scratch(self, nbytes: int) -> int:
         """Reserve ``nbytes`` of the group's scratch memory; returns the byte offset."""
         offset = self.scratch_bytes
-        self.scratch_bytes += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        self.scratch_bytes += align_up(nbytes)
         return offset
 
     def per_thread(self, nbytes: int) -> None:
         """Count a request for the block each thread uses while the kernel runs (af_thread_block):
         requests reuse the one block, so the largest counts, rounded as the runtime rounds it."""
-        self.thread_bytes = max(self.thread_bytes, (nbytes + 63) // 64 * 64)
+        self.thread_bytes = max(self.thread_bytes, (hint(nbytes) + 63) // 64 * 64)  # the memory it takes there
 
     # -- errors -----------------------------------------------------------------------------------
 

@@ -34,6 +34,8 @@ from autofusion.codegen.reductions import (
     is_identity_reduce,
     reduction_spec,
 )
+from autofusion.codegen.sizes import hint
+from autofusion.graph.dims import Dim
 from autofusion.graph.graph import Node
 from autofusion.ops.registry import OpRegistry
 
@@ -43,9 +45,9 @@ COLUMN_MIN_ROWS = 16  # fewer rows side by side would not fill a vector
 CHUNKS_PER_LOOP = 32  # dynamic scheduling in this many chunks: a descheduled thread holds up little
 
 
-def chunk(iterations: int) -> int:
+def chunk(iterations: Dim) -> int:
     """Iterations per dynamically scheduled chunk of a parallel loop."""
-    return max(1, iterations // CHUNKS_PER_LOOP)
+    return max(1, hint(iterations) // CHUNKS_PER_LOOP)
 _NO_STAGE = 1 << 30
 
 
@@ -360,7 +362,7 @@ class LoopNest:
             comment=c_comment_text(comment),
             rows=spec.rows,
             length=spec.length,
-            parallel=spec.rows > 1 and spec.rows * spec.length >= PARALLEL_MIN_ELEMENTS // 4,
+            parallel=hint(spec.rows) > 1 and hint(spec.rows * spec.length) >= PARALLEL_MIN_ELEMENTS // 4,
             chunk=chunk(spec.rows),
             xrow=self._per_thread_row(stage, spec.length),
             xct=xct,
@@ -387,10 +389,10 @@ class LoopNest:
         reduction reads a contiguous run of rows. 0 where a row must be reduced alone (several
         passes, a copy of the row, outputs of X's shape that need the row's statistics)."""
         spec = stage.spec
-        if (len(passes) != 1 or stage.xrow or spec.rows < COLUMN_MIN_ROWS or max(spec.axes) > min(spec.row_dims)
+        if (len(passes) != 1 or stage.xrow or hint(spec.rows) < COLUMN_MIN_ROWS or max(spec.axes) > min(spec.row_dims)
                 or any(spec.node.name in self.reductions_behind(t) for t, _ in stage.full)):
             return 0
-        block = spec.rows // 8 // 16 * 16  # eight blocks or more for the threads to share
+        block = hint(spec.rows) // 8 // 16 * 16  # eight blocks or more for the threads to share
         return max(16, min(COLUMN_BLOCK, block))
 
     def _per_thread_row(self, stage: _Stage, length: int) -> bool:
@@ -423,7 +425,7 @@ class LoopNest:
         return self.k.templates.render(
             "loop_nest.c.j2",
             comment=c_comment_text(f"{names}: {list(shape)}"),
-            parallel=numel >= PARALLEL_MIN_ELEMENTS,
+            parallel=hint(numel) >= PARALLEL_MIN_ELEMENTS,
             outer=math.prod(outer_sizes) if outer_dims else None,
             outer_lines=[f"const int64_t i{d} = {e};" for d, e in zip(outer_dims, outer_exprs)],
             inner_var=f"i{inner[0]}" if inner[0] is not None else None,

@@ -27,10 +27,11 @@ from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.group_renderer import render_group
 from autofusion.codegen.kernel_context import KernelSource, group_comment
 from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.sizes import MAX_SIZES, c_names, for_c, hinting
 from autofusion.codegen.templates import TemplateSet, default_templates
 from autofusion.decide.plan import Plan
 from autofusion.graph.types import DType
-from autofusion.ir.symbolic import is_symbolic, symbols_of
+from autofusion.ir.symbolic import is_symbolic, representative_binding, symbols_of
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
@@ -133,19 +134,54 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     ``chooser`` decides how each matrix product runs (codegen/cores.py; default: untuned);
     ``registry`` defaults to the plan's (plugin ops included when the plan was made with them)."""
     if is_symbolic(plan.graph):
-        raise CodegenError(f"graph {plan.graph.name!r} has symbolic sizes ({', '.join(symbols_of(plan.graph))}): "
-                           "kernels are compiled per binding; bind the plan first (bind_plan) or run it "
-                           "with autofusion.runtime.DynamicModel")
-    templates = templates or default_templates()
-    registry = registry or plan.registry
+        return _render_symbolic(plan, templates, registry, profile, chooser)
+    return _assemble(plan, templates or default_templates(), registry or plan.registry, profile, chooser, {})
+
+
+# kernel kinds that render with sizes known only at run time (the others: one library per binding)
+RUN_TIME_SIZE_KINDS = frozenset({"pointwise", "reduction", "multi_output", "view"})
+
+
+def _render_symbolic(plan: Plan, templates: TemplateSet | None, registry: OpRegistry | None, profile: bool,
+                     chooser: CoreChooser | None) -> LibrarySource:
+    """One library for every binding of a plan over symbolic sizes (see codegen/sizes.py)."""
+    symbols = symbols_of(plan.graph)
+    fixed = sorted({g.template for g in plan.groups if g.template not in RUN_TIME_SIZE_KINDS})
+    if fixed:
+        raise CodegenError(f"graph {plan.graph.name!r} has symbolic sizes ({', '.join(symbols)}) and kernels of "
+                           f"kind {', '.join(fixed)}, which take fixed sizes only so far: bind the plan first "
+                           "(bind_plan) or run it with autofusion.runtime.DynamicModel")
+    if len(symbols) > MAX_SIZES:
+        raise CodegenError(f"graph {plan.graph.name!r} has {len(symbols)} symbolic sizes; a library takes {MAX_SIZES}")
+    names = c_names(symbols)
+    at = representative_binding(plan.graph)
+    renamed = replace(plan, graph=for_c(plan.graph, names))
+    with hinting({names[s]: at[s] for s in symbols}):
+        return _assemble(renamed, templates or default_templates(), registry or plan.registry, profile, chooser,
+                         names)
+
+
+def _assemble(plan: Plan, templates: TemplateSet, registry: OpRegistry, profile: bool,
+              chooser: CoreChooser | None, sizes: Mapping[str, str]) -> LibrarySource:
+    """The library of ``plan``; ``sizes`` (symbol -> C name) when its sizes are known only at run time."""
     g = plan.graph
     kernels = render_kernels(plan, templates, registry, chooser)
     by_group = {k.group.name: k for k in kernels}
     unique, function = share_kernels(kernels)
-    buffers = kernel_buffers(plan, kernels)
+    buffers = kernel_buffers(plan, kernels, at_run_time=bool(sizes))
+    at = "af_off[{}]" if sizes else "{}"
     names = NameTable("t_", reserved=frozenset({"ctx", "ws", "inputs", "outputs", "nt"}))
 
-    consts: list[tuple[str, np.ndarray]] = [(t, np.ascontiguousarray(c.array)) for t, c in g.constants.items()]
+    for k in kernels:
+        for prm in k.params:
+            c = g.constants.get(prm.tensor)
+            if c is not None and c.is_symbolic:
+                raise CodegenError(f"kernel {k.name} reads {prm.tensor!r}, whose values are symbolic sizes, from "
+                                   "memory: such kernels take fixed sizes only so far")
+    # symbolic constants (shape vectors) are read while rendering, never from memory: a placeholder
+    consts: list[tuple[str, np.ndarray]] = [
+        (t, np.zeros(c.array.shape, np.int64) if c.is_symbolic else np.ascontiguousarray(c.array))
+        for t, c in g.constants.items()]
     derived_index: dict[tuple[str, str], int] = {}
     for k in kernels:
         for ident, arr in k.derived:
@@ -163,7 +199,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
         elif p.kind == "output":
             decls.append(f"{ct}* {ident} = ({ct}*)outputs[{p.index}];")
         elif p.kind == "workspace":
-            decls.append(f"{ct}* {ident} = ({ct}*)(ws + {p.index});")
+            decls.append(f"{ct}* {ident} = ({ct}*)(ws + {at.format(p.index)});")
     for t, p in buffers.placements.items():  # aliases after their bases, in plan order
         if p.kind == "alias":
             ct = _ctype(g.types[t].dtype)
@@ -181,7 +217,7 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
                 else:
                     args.append(names(prm.tensor))
             scratch = buffers.scratch.get(group.name)
-            args.append(f"ws + {scratch}" if scratch is not None else "ws")
+            args.append(f"ws + {at.format(scratch)}" if scratch is not None else "ws")
             args.append("nt")
             lines.append(f"{function[group.name]}({', '.join(args)});")
         for src, out in buffers.view_copies.get(group.name, ()):
@@ -197,17 +233,18 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
         summary=c_comment_text(f"{len(g.nodes)} nodes in {len(plan.groups)} groups, {len(kernels)} kernels "
                                f"({len(unique)} distinct)"),
         workspace=buffers.workspace_bytes, blas=False, kernels=unique, consts=consts,
-        n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final, profile=profile)
+        n_inputs=len(g.inputs), n_outputs=len(g.outputs), decls=decls, steps=steps, final=final, profile=profile,
+        sizes=list(sizes.values()), blocks=[(str(b.nbytes), b.start, b.end) for b in buffers.blocks])
     return LibrarySource("superkernel", tuple(units) + (_runtime_unit(templates), ("main.c", main)),
                          templates.runtime_header(),
                          tuple(kernels), tuple(consts), buffers, any(k.uses_blas for k in kernels), function,
                          profile, tuple(str(s["group"]) for s in steps) if profile else ())
 
 
-def kernel_buffers(plan: Plan, kernels: Sequence[KernelSource]) -> BufferPlan:
+def kernel_buffers(plan: Plan, kernels: Sequence[KernelSource], at_run_time: bool = False) -> BufferPlan:
     """The buffer plan of ``plan`` given its rendered kernels' scratch and per-thread blocks."""
     return plan_buffers(plan, {k.group.name: k.scratch_bytes for k in kernels},
-                        {k.group.name: k.thread_bytes for k in kernels})
+                        {k.group.name: k.thread_bytes for k in kernels}, at_run_time)
 
 
 def render_unfused(plan: Plan, templates: TemplateSet | None = None,

@@ -13,6 +13,7 @@ from autofusion.codegen.cores import CoreChooser, DefaultChooser, Machine, this_
 from autofusion.codegen.superkernel import LibrarySource, render_plan
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import Plan
+from autofusion.ir.symbolic import is_symbolic, symbols_of
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
@@ -49,6 +50,9 @@ class CompiledModel:
                  toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
                  profile: bool = False, tune: bool | None = None, cores: CoreChooser | None = None,
                  progress: Progress | None = None, max_concurrent: int | None = None) -> None:
+        if is_symbolic(plan.graph):
+            raise RunError(f"graph {plan.graph.name!r} has symbolic sizes ({', '.join(symbols_of(plan.graph))}): "
+                           "run it with autofusion.runtime.DynamicModel, or bind it first (bind_plan)")
         self.plan = plan
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)

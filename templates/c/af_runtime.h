@@ -39,6 +39,12 @@
 #define AF_NO_IF_CONVERT
 #endif
 
+/* the sizes of this call of a library built for symbolic sizes (af_run_sized sets them; each kernel
+   reads them into its own constants first) */
+#define AF_MAX_SIZES 16
+extern _Thread_local int64_t af_sizes[AF_MAX_SIZES];
+#define AF_ALIGN_UP(n) ((((int64_t)(n)) + 63) / 64 * 64)
+
 typedef union { float f; int32_t i; } af_f32bits;
 
 /* 2^n for n in [-126, 127], built from the exponent bits. */
@@ -168,5 +174,7 @@ static inline int64_t af_wrapmod_index(int64_t i, int64_t n) {
    in the SuperKernel's unit), so that no run pays for fresh pages. Callers carve it up; NULL only when
    memory runs out. */
 AF_INTERNAL void* af_thread_block(size_t bytes);
+AF_INTERNAL int64_t af_best_fit(int n, const int64_t* bytes, const int32_t* start, const int32_t* end,
+                                int64_t* offset);
 
 #endif /* AF_RUNTIME_H */

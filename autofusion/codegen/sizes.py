@@ -1,0 +1,107 @@
+"""Symbolic sizes in generated C: each symbol an ``int64_t`` every kernel reads at run time.
+
+A plan over symbolic sizes renders once for every binding. Before rendering, each symbol is renamed
+to a C identifier (``seq`` -> ``S_seq``), so a size prints as a C expression (``64*S_batch*S_seq``)
+wherever the renderers print one: loop bounds, strides, offsets. Each kernel starts by reading the
+sizes of its call (``af_sizes``, set by ``af_run_sized``). What only tunes a kernel (threads or not,
+chunk and block sizes) reads :func:`hint`: the size at a representative binding.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import numpy as np
+
+from autofusion.graph.dims import Dim, evaluate, is_static, symbol
+from autofusion.graph.graph import Const, FrozenMap, Graph
+
+SIZE_PREFIX = "S_"
+MAX_SIZES = 16  # symbols one library takes (af_sizes has this many slots)
+
+_hints: ContextVar[Mapping[str, int] | None] = ContextVar("_hints", default=None)
+
+
+def c_names(symbols: tuple[str, ...]) -> dict[str, str]:
+    """Each symbol's C identifier: ``S_`` and its name with anything but letters and digits as ``_``."""
+    out: dict[str, str] = {}
+    for s in symbols:
+        base = SIZE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", s)
+        name, k = base, 1
+        while name in out.values():
+            k += 1
+            name = f"{base}_{k}"
+        out[s] = name
+    return out
+
+
+def for_c(graph: Graph, names: Mapping[str, str]) -> Graph:
+    """``graph`` with its symbols renamed to their C identifiers (types, symbolic constants, bounds)."""
+    table = {symbol(old): symbol(new) for old, new in names.items()}
+
+    def dim(d: Dim) -> Dim:
+        return d if isinstance(d, int) else d.xreplace(table)
+
+    types = {k: t.with_shape(tuple(dim(d) for d in t.shape)) for k, t in graph.types.items()}
+    consts = {}
+    for k, c in graph.constants.items():
+        if c.is_symbolic:
+            values = [v if isinstance(v, int) else dim(v) for v in c.array.reshape(-1).tolist()]
+            c = Const(np.array(values, dtype=object).reshape(c.array.shape))
+        consts[k] = c
+    bounds = {names[k]: v for k, v in graph.bounds.items()}
+    return graph.replace(types=FrozenMap(types), constants=FrozenMap(consts), bounds=FrozenMap(bounds))
+
+
+@contextmanager
+def hinting(binding: Mapping[str, int]) -> Iterator[None]:
+    """Render with run-time sizes while open: every kernel reads the sizes ``binding`` names (C
+    names, in ``af_sizes`` order), and :func:`hint` evaluates sizes at its values."""
+    token = _hints.set(dict(binding))
+    try:
+        yield
+    finally:
+        _hints.reset(token)
+
+
+def declared() -> list[tuple[str, int]]:
+    """(C name, slot in af_sizes) of each size kernels read now (none for a static plan)."""
+    return [(name, i) for i, name in enumerate(_hints.get() or {})]
+
+
+@functools.cache
+def _align_up() -> Any:
+    import sympy
+
+    class AlignUp(sympy.Function):  # type: ignore[misc]
+        """``n`` rounded up to a multiple of 64 (a cache line), printed as C (AF_ALIGN_UP)."""
+
+        @classmethod
+        def eval(cls, n: Any) -> Any:
+            return (int(n) + 63) // 64 * 64 if getattr(n, "is_Integer", False) else None
+
+        def _sympystr(self, printer: Any) -> str:
+            return f"AF_ALIGN_UP({printer.doprint(self.args[0])})"
+
+    return AlignUp
+
+
+def align_up(n: Dim) -> Dim:
+    """``n`` rounded up to a multiple of 64; a symbolic ``n`` stays an expression C can print."""
+    return (n + 63) // 64 * 64 if is_static(n) else _align_up()(n)
+
+
+def hint(d: Any) -> int:
+    """The size ``d`` has at the representative binding: for choices that tune a kernel, never for
+    what it computes (loop bounds and strides print ``d`` itself)."""
+    if is_static(d):
+        return int(d)
+    binding = _hints.get()
+    if binding is None:
+        raise ValueError(f"size {d} is symbolic and no representative binding is set")
+    return evaluate(d, binding)
