@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from autofusion.codegen.errors import CodegenError
+from autofusion.graph.dims import is_symbolic
 from autofusion.graph.types import DType
 
 _CTYPES = {
@@ -41,6 +42,8 @@ def literal(value: object, dtype: DType) -> str:
     >>> literal(-3, DType.INT64)
     '-3LL'
     """
+    if is_symbolic(value):  # a size known at run time (codegen/sizes.py), converted as C converts
+        return f"(({ctype(dtype)})({value}))"
     if dtype == DType.BOOL:
         return "1" if bool(value) else "0"
     if dtype == DType.FLOAT32 or dtype == DType.FLOAT64:

@@ -29,7 +29,9 @@ from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
+from autofusion.codegen.sizes import ceil_div, hint
 from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view
+from autofusion.graph.dims import is_static
 from autofusion.graph.graph import Node
 from autofusion.graph.types import DType
 from autofusion.ops.registry import broadcast_shapes
@@ -357,7 +359,7 @@ class _Gemm:
             "gemm_epilogue.c.j2",
             comment=c_comment_text(f"horizontal sgemm tiles of {TILE_M}x{TILE_N}, epilogue per tile and output"),
             prologue=self.prologue, epilogue=self.epilogue, segments=[data],
-            parallel=data["tiles"] > 1 and 2 * whole.rows * total * whole.k >= PARALLEL_MIN_FLOPS,
+            parallel=hint(data["tiles"]) > 1 and hint(2 * whole.rows * total * whole.k) >= PARALLEL_MIN_FLOPS,
             **self._per_thread_block(data["mb"] * data["nb"], data["pack_floats"]))
 
     def render_core(self, core: Node, ybuf: str) -> str:
@@ -373,7 +375,7 @@ class _Gemm:
         seg_data = [self._segment_data(s) for s in segments]
         # the tile buffer holds the largest tile actually used (up to 1.5 x TILE_M by 1.5 x TILE_N)
         tile_floats = max((d["mb"] * d["nb"] for s, d in zip(segments, seg_data) if not s.ybuf), default=0)
-        pack_floats = max((d["pack_floats"] for d in seg_data), default=0)
+        pack_floats = max((d["pack_floats"] for d in seg_data), default=0, key=hint)
         flops = sum(2 * s.rows * s.n * s.k * s.calls for s in segments)
         tiles = sum(d["tiles"] for d in seg_data)
         if late:
@@ -384,11 +386,12 @@ class _Gemm:
             "gemm_epilogue.c.j2",
             comment=c_comment_text(f"sgemm tiles of {TILE_M}x{TILE_N} with the epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, segments=seg_data,
-            parallel=tiles > 1 and flops >= PARALLEL_MIN_FLOPS, **self._per_thread_block(tile_floats, pack_floats))
+            parallel=hint(tiles) > 1 and hint(flops) >= PARALLEL_MIN_FLOPS,
+            **self._per_thread_block(tile_floats, pack_floats))
 
     def _per_thread_block(self, tile_floats: int, pack_floats: int = 0) -> dict[str, int]:
         """gemm_epilogue.c.j2: each thread's block, its C tile then its B panels (64-byte aligned)."""
-        tile_floats = -(-tile_floats // 16) * 16 if pack_floats else tile_floats
+        tile_floats = -(-tile_floats // 16) * 16 if hint(pack_floats) else tile_floats
         self.k.per_thread((tile_floats + pack_floats) * 4)
         return {"tile_floats": tile_floats, "pack_floats": pack_floats}
 
@@ -414,14 +417,18 @@ class _Gemm:
         n_batch = seg.calls
         kc = self._choose_core(seg)
         tile_m, tile_n = self.k.group.params.get("tile_m"), self.k.group.params.get("tile_n")  # the rule's
-        mb = min(tile_m, m_total) if tile_m else max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
-        row_tiles = n_batch * -(-m_total // mb)
+        if not is_static(m_total):  # rows known at run time: whole tiles, the last one partial
+            mb = tile_m or TILE_M
+        else:
+            mb = min(tile_m, m_total) if tile_m else max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
+        row_tiles = hint(n_batch * ceil_div(m_total, mb))
         width, panel = self._panel(seg)
         if tile_n:  # a packed weight is read in whole panels
-            nb = min(n, -(-tile_n // panel) * panel if seg.weight is not None else tile_n)
+            nb = min(hint(n), -(-tile_n // panel) * panel if seg.weight is not None else tile_n)
         else:
-            nb = _packed_column_block(n, row_tiles, panel) if seg.weight is not None else _column_block(n, row_tiles)
-        tiles_m, tiles_n = -(-m_total // mb), -(-n // nb)
+            nb = (_packed_column_block(n, row_tiles, panel) if seg.weight is not None
+                  else _column_block(hint(n), row_tiles))
+        tiles_m, tiles_n = ceil_div(m_total, mb), ceil_div(n, nb)
         ta, lda = self._layout(seg, "a") or (False, 1)
         tb, ldb = self._layout(seg, "b") or (False, 1)
         # which Y dimension is the batch axis d, the M axis, the N axis
@@ -469,8 +476,8 @@ class _Gemm:
             offset += part.n
         # which row and column block tile t is: a B packed per call changes with the column block, so
         # there the row blocks follow each other (columns first, a thread repacked on nearly every tile)
-        row_tile, col_tile = ((f"t % {tiles_m}", f"(t / {tiles_m}) % {tiles_n}") if seg.repack
-                              else (f"(t / {tiles_n}) % {tiles_m}", f"t % {tiles_n}"))
+        tm, tn = ix.paren(str(tiles_m)), ix.paren(str(tiles_n))
+        row_tile, col_tile = ((f"t % {tm}", f"(t / {tm}) % {tn}") if seg.repack else (f"(t / {tn}) % {tm}", f"t % {tn}"))
         return {
             "comment": c_comment_text(
                 f"{seg.node.op} {seg.node.name}: {n_batch} x [{m_total} x {kk}] @ [{kk} x {n}] -> {seg.y}"),
@@ -483,17 +490,19 @@ class _Gemm:
             "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],
             "pack_floats": kk * -(-nb // PACK_NR) * PACK_NR if seg.repack else 0,
             "row_tile": row_tile, "col_tile": col_tile,
-            "pack_key": ix.add(ix.mul("b", tiles_n), col_tile if tiles_n > 1 else "0"),
+            "pack_key": ix.add(ix.mul("b", tiles_n), col_tile if not is_static(tiles_n) or tiles_n > 1 else "0"),
         }
 
     def _choose_core(self, seg: _Segment) -> int:
         """Ask the chooser how to compute the product (codegen/cores.py); K per pass when packed.
         A constant weight left to sgemm stays unpacked (concatenated when several cores share A)."""
-        repackable = (seg.weight is None and not seg.drop_n and seg.n >= PACKED_MIN_COLUMNS
+        repackable = (seg.weight is None and not seg.drop_n and hint(seg.n) >= PACKED_MIN_COLUMNS
                       and not self._small_rows(seg))
         ta, _ = self._layout(seg, "a") or (False, 0)
         tb, _ = self._layout(seg, "b") or (False, 0)
-        spec = CoreSpec("gemm", seg.rows, seg.n, seg.k, packable=seg.weight is not None, calls=seg.calls,
+        # chosen for the sizes at the representative binding when they are symbolic
+        spec = CoreSpec("gemm", hint(seg.rows), hint(seg.n), hint(seg.k), packable=seg.weight is not None,
+                        calls=hint(seg.calls),
                         repackable=repackable, a_transposed=ta, b_transposed=tb and seg.weight is None)
         choice = self.k.core(spec)
         seg.repack = choice.impl == "repack"
@@ -517,7 +526,7 @@ class _Gemm:
         packing B would cost about as much as the product."""
         ta, _ = self._layout(seg, "a") or (True, 0)
         tb, _ = self._layout(seg, "b") or (True, 0)
-        return seg.rows <= SMALL_ROWS and not ta and not tb
+        return hint(seg.rows) <= SMALL_ROWS and not ta and not tb
 
     def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, direct: bool) -> dict[str, object]:
         """The epilogue of ``seg`` on columns [offset, offset + N) of the tile."""

@@ -68,19 +68,20 @@ def mul(a: str, k: str | int) -> str:
 
 
 def div(a: str, k: int) -> str:
+    """``a / k`` in C (``k`` may be a symbolic size: it prints as an expression)."""
     if k == 1:
         return a
-    if is_int(a):
+    if is_int(a) and isinstance(k, int):
         return str(int(a) // k)
-    return f"{paren(a)} / {k}"
+    return f"{paren(a)} / {paren(str(k))}"
 
 
 def mod(a: str, k: int) -> str:
     if k == 1:
         return "0"
-    if is_int(a):
+    if is_int(a) and isinstance(k, int):
         return str(int(a) % k)
-    return f"{paren(a)} % {k}"
+    return f"{paren(a)} % {paren(str(k))}"
 
 
 def strides(shape: Sequence[int]) -> tuple[int, ...]:

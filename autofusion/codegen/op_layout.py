@@ -59,6 +59,9 @@ def _slice(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     from autofusion.ops.reorganize import _slices
 
     in_shape = inl.shape(node.inputs[0])
+    ends_input = node.inputs[2] if len(node.inputs) > 2 else ""
+    if ends_input and inl.k.graph.constants[ends_input].is_symbolic:
+        return _slice_to_run_time_end(inl, node, idx, block)
     args = [_static_input(inl, node, i, name) for i, name in enumerate(("starts", "ends", "axes", "steps"), 1)]
     starts, ends, axes, steps = args
     assert starts is not None and ends is not None
@@ -67,6 +70,25 @@ def _slice(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     for e, n, s in zip(idx, in_shape, slices):
         r = range(n)[s]
         src.append(ix.add(ix.mul(e, r.step), r.start) if len(r) else "0")
+    return inl.value(node.inputs[0], tuple(src), block)
+
+
+def _slice_to_run_time_end(inl: Inliner, node: Node, idx: Index, block: Block) -> str:
+    """A Slice whose end is a symbolic size (``position_ids[:, :seq]``): an element's source is
+    ``start + i * step`` whatever the end, so the starts and steps, fixed, are all it needs."""
+    in_shape = inl.shape(node.inputs[0])
+    rank = len(in_shape)
+    starts = _static_input(inl, node, 1, "starts") or []
+    axes = _static_input(inl, node, 3, "axes") or list(range(len(starts)))
+    steps = _static_input(inl, node, 4, "steps") or [1] * len(starts)
+    start_of = {a % rank: (s, st) for a, s, st in zip(axes, starts, steps)}
+    src = list(idx)
+    for axis, (start, step) in start_of.items():
+        n = in_shape[axis]
+        if step != 1 or (start < 0 and not isinstance(n, int)):
+            raise inl.k.error(f"Slice of step {step} from {start} with a symbolic end: not supported")
+        first = (max(n + start, 0) if start < 0 else min(start, n)) if isinstance(n, int) else start
+        src[axis] = ix.add(idx[axis], first)
     return inl.value(node.inputs[0], tuple(src), block)
 
 
@@ -232,6 +254,10 @@ def _range(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
 def _static_value(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     """Ops whose value is fixed at build time (Shape, Size, ConstantOfShape): evaluated now."""
     g = inl.k.graph
+    dtype = inl.k.type(node.outputs[pos]).dtype
+    if node.op == "ConstantOfShape":  # every element is the fill value, whatever the (maybe symbolic) shape
+        fill = node.attr("value")
+        return literal(np.asarray(fill).reshape(-1)[0] if fill is not None else 0, dtype)
     args = []
     for t in node.inputs:
         v = g.const_value(t) if t else None
@@ -240,7 +266,6 @@ def _static_value(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) 
         args.append(v)
     value = np.asarray(inl.k.registry[node.op].reference(args, node.attrs)[pos])
     out = node.outputs[pos]
-    dtype = inl.k.type(out).dtype
     flat = value.reshape(-1)
     if flat.size == 0 or np.all(flat == flat[0]):
         return literal(flat[0] if flat.size else 0, dtype)

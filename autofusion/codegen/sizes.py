@@ -74,6 +74,15 @@ def declared() -> list[tuple[str, int]]:
     return [(name, i) for i, name in enumerate(_hints.get() or {})]
 
 
+_POWER = re.compile(r"\b(S_\w+|AF_\w+\([^()]*\))\*\*(\d+)")
+
+
+def c_powers(text: str) -> str:
+    """C for sympy's powers of sizes in ``text`` (``S_seq**2`` -> ``(S_seq*S_seq)``): a stride of
+    an attention score is ``S_seq**2``, and C has no power operator."""
+    return _POWER.sub(lambda m: "(" + "*".join([m[1]] * int(m[2])) + ")", text)
+
+
 @functools.cache
 def _align_up() -> Any:
     import sympy
@@ -89,6 +98,33 @@ def _align_up() -> Any:
             return f"AF_ALIGN_UP({printer.doprint(self.args[0])})"
 
     return AlignUp
+
+
+@functools.cache
+def _ceil_div() -> Any:
+    import sympy
+
+    class CeilDiv(sympy.Function):  # type: ignore[misc]
+        """``a / b`` rounded up, for positive ``a`` and ``b``, printed as C (AF_CEIL_DIV)."""
+
+        is_integer = True
+        is_positive = True
+
+        @classmethod
+        def eval(cls, a: Any, b: Any) -> Any:
+            if getattr(a, "is_Integer", False) and getattr(b, "is_Integer", False):
+                return -(-int(a) // int(b))
+            return None
+
+        def _sympystr(self, printer: Any) -> str:
+            return f"AF_CEIL_DIV({printer.doprint(self.args[0])}, {printer.doprint(self.args[1])})"
+
+    return CeilDiv
+
+
+def ceil_div(a: Dim, b: Dim) -> Dim:
+    """``a / b`` rounded up (tiles of ``b`` covering ``a``); symbolic operands give an expression C can print."""
+    return -(-a // b) if is_static(a) and is_static(b) else _ceil_div()(a, b)
 
 
 def align_up(n: Dim) -> Dim:

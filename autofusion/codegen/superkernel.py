@@ -27,7 +27,7 @@ from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.group_renderer import render_group
 from autofusion.codegen.kernel_context import KernelSource, group_comment
 from autofusion.codegen.names import NameTable, c_comment_text
-from autofusion.codegen.sizes import MAX_SIZES, c_names, for_c, hinting
+from autofusion.codegen.sizes import MAX_SIZES, c_names, c_powers, for_c, hinting
 from autofusion.codegen.templates import TemplateSet, default_templates
 from autofusion.decide.plan import Plan
 from autofusion.graph.types import DType
@@ -138,15 +138,20 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
     return _assemble(plan, templates or default_templates(), registry or plan.registry, profile, chooser, {})
 
 
-# kernel kinds that render with sizes known only at run time (the others: one library per binding)
-RUN_TIME_SIZE_KINDS = frozenset({"pointwise", "reduction", "multi_output", "view"})
+# kernel kinds that render with sizes known only at run time (the others: one library per binding);
+# of the opaque ops, the ones whose renderers do (each tested at several bindings)
+RUN_TIME_SIZE_KINDS = frozenset({"pointwise", "reduction", "multi_output", "view", "gemm_epilogue", "horizontal_gemm",
+                                 "opaque"})
+RUN_TIME_SIZE_OPAQUE_OPS = frozenset({"MatMul", "Gemm", "LSTM"})
 
 
 def _render_symbolic(plan: Plan, templates: TemplateSet | None, registry: OpRegistry | None, profile: bool,
                      chooser: CoreChooser | None) -> LibrarySource:
     """One library for every binding of a plan over symbolic sizes (see codegen/sizes.py)."""
     symbols = symbols_of(plan.graph)
-    fixed = sorted({g.template for g in plan.groups if g.template not in RUN_TIME_SIZE_KINDS})
+    fixed = sorted({g.template for g in plan.groups if g.template not in RUN_TIME_SIZE_KINDS}
+                   | {f"opaque {plan.graph.node_by_name[n].op}" for g in plan.groups if g.template == "opaque"
+                      for n in g.nodes if plan.graph.node_by_name[n].op not in RUN_TIME_SIZE_OPAQUE_OPS})
     if fixed:
         raise CodegenError(f"graph {plan.graph.name!r} has symbolic sizes ({', '.join(symbols)}) and kernels of "
                            f"kind {', '.join(fixed)}, which take fixed sizes only so far: bind the plan first "
@@ -157,8 +162,9 @@ def _render_symbolic(plan: Plan, templates: TemplateSet | None, registry: OpRegi
     at = representative_binding(plan.graph)
     renamed = replace(plan, graph=for_c(plan.graph, names))
     with hinting({names[s]: at[s] for s in symbols}):
-        return _assemble(renamed, templates or default_templates(), registry or plan.registry, profile, chooser,
-                         names)
+        source = _assemble(renamed, templates or default_templates(), registry or plan.registry, profile, chooser,
+                           names)
+    return replace(source, units=tuple((name, c_powers(text)) for name, text in source.units))
 
 
 def _assemble(plan: Plan, templates: TemplateSet, registry: OpRegistry, profile: bool,

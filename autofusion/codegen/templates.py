@@ -9,7 +9,16 @@ from typing import Any
 
 import jinja2
 
+from autofusion.graph.dims import is_symbolic
 from autofusion.resources import data_dir
+
+
+def _c_value(value: Any) -> Any:
+    """What ``{{ value }}`` prints: a size expression known at run time in parentheses, so that it
+    keeps its meaning beside any operator of the template (``t / (3*AF_CEIL_DIV(S_seq, 128))``)."""
+    if is_symbolic(value) and not value.is_Symbol:
+        return f"({value})"
+    return value
 
 
 def _indent_lines(lines: Iterable[str], width: int = 4) -> str:
@@ -29,6 +38,7 @@ class TemplateSet:
             trim_blocks=True,
             lstrip_blocks=True,
             keep_trailing_newline=True,
+            finalize=_c_value,
         )
         self.env.filters["lines"] = _indent_lines
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autofusion.codegen import index as ix
+from autofusion.graph.dims import Dim, compare
 from autofusion.graph.graph import Graph
 from autofusion.ops.registry import OpRegistry
 
@@ -83,12 +84,26 @@ def strided_view(graph: Graph, members: frozenset[str], tensor: str, pointer: Ca
     return StridedView(src.ptr, shape, tuple(steps), offset)
 
 
-def blas_layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[bool, int] | None:
-    """(transposed, leading dimension) describing a rows x cols matrix to row-major BLAS, or None."""
-    if rows <= 1 and cols <= 1:
+def blas_layout(rows: Dim, cols: Dim, row_stride: Dim, col_stride: Dim) -> tuple[bool, Dim] | None:
+    """(transposed, leading dimension) describing a rows x cols matrix to row-major BLAS, or None.
+    A symbolic size may be 1 or more: it takes the general case, which holds for 1 too."""
+    if _one(rows) and _one(cols):
         return False, 1
-    if (col_stride == 1 or cols == 1) and (rows == 1 or row_stride >= max(cols, 1)):
-        return False, row_stride if rows > 1 else max(cols, 1)
-    if (row_stride == 1 or rows == 1) and (cols == 1 or col_stride >= max(rows, 1)):
-        return True, col_stride if cols > 1 else max(rows, 1)
+    if (col_stride == 1 or _one(cols)) and (_one(rows) or _at_least(row_stride, cols)):
+        return False, row_stride if not _one(rows) else _at_least_1(cols)
+    if (row_stride == 1 or _one(rows)) and (_one(cols) or _at_least(col_stride, rows)):
+        return True, col_stride if not _one(cols) else _at_least_1(rows)
     return None
+
+
+def _one(n: Dim) -> bool:
+    return isinstance(n, int) and n <= 1
+
+
+def _at_least_1(n: Dim) -> Dim:
+    return max(n, 1) if isinstance(n, int) else n  # a symbolic size is at least 1
+
+
+def _at_least(stride: Dim, n: Dim) -> bool:
+    """``stride >= max(n, 1)`` for every binding."""
+    return stride >= max(n, 1) if isinstance(stride, int) and isinstance(n, int) else compare(">=", stride, n) is True
