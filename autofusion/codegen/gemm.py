@@ -29,7 +29,7 @@ from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
-from autofusion.codegen.sizes import ceil_div, hint
+from autofusion.codegen.sizes import all_of, at_least, ceil_div, hint
 from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view
 from autofusion.graph.dims import is_static
 from autofusion.graph.graph import Node
@@ -359,7 +359,7 @@ class _Gemm:
             "gemm_epilogue.c.j2",
             comment=c_comment_text(f"horizontal sgemm tiles of {TILE_M}x{TILE_N}, epilogue per tile and output"),
             prologue=self.prologue, epilogue=self.epilogue, segments=[data],
-            parallel=hint(data["tiles"]) > 1 and hint(2 * whole.rows * total * whole.k) >= PARALLEL_MIN_FLOPS,
+            parallel=all_of(at_least(data["tiles"], 2), at_least(2 * whole.rows * total * whole.k, PARALLEL_MIN_FLOPS)),
             **self._per_thread_block(data["mb"] * data["nb"], data["pack_floats"]))
 
     def render_core(self, core: Node, ybuf: str) -> str:
@@ -386,7 +386,7 @@ class _Gemm:
             "gemm_epilogue.c.j2",
             comment=c_comment_text(f"sgemm tiles of {TILE_M}x{TILE_N} with the epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, segments=seg_data,
-            parallel=hint(tiles) > 1 and hint(flops) >= PARALLEL_MIN_FLOPS,
+            parallel=all_of(at_least(tiles, 2), at_least(flops, PARALLEL_MIN_FLOPS)),
             **self._per_thread_block(tile_floats, pack_floats))
 
     def _per_thread_block(self, tile_floats: int, pack_floats: int = 0) -> dict[str, int]:
@@ -421,7 +421,8 @@ class _Gemm:
             mb = tile_m or TILE_M
         else:
             mb = min(tile_m, m_total) if tile_m else max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
-        row_tiles = hint(n_batch * ceil_div(m_total, mb))
+        # symbolic rows: columns split as for a single row tile, so that few rows still give threads work
+        row_tiles = hint(n_batch * ceil_div(m_total, mb)) if is_static(m_total) else hint(n_batch)
         width, panel = self._panel(seg)
         if tile_n:  # a packed weight is read in whole panels
             nb = min(hint(n), -(-tile_n // panel) * panel if seg.weight is not None else tile_n)

@@ -34,7 +34,7 @@ from autofusion.codegen.reductions import (
     is_identity_reduce,
     reduction_spec,
 )
-from autofusion.codegen.sizes import hint
+from autofusion.codegen.sizes import all_of, at_least, hint, per_chunk
 from autofusion.graph.dims import Dim
 from autofusion.graph.graph import Node
 from autofusion.ops.registry import OpRegistry
@@ -45,9 +45,9 @@ COLUMN_MIN_ROWS = 16  # fewer rows side by side would not fill a vector
 CHUNKS_PER_LOOP = 32  # dynamic scheduling in this many chunks: a descheduled thread holds up little
 
 
-def chunk(iterations: Dim) -> int:
-    """Iterations per dynamically scheduled chunk of a parallel loop."""
-    return max(1, hint(iterations) // CHUNKS_PER_LOOP)
+def chunk(iterations: Dim) -> int | str:
+    """Iterations per dynamically scheduled chunk of a parallel loop (a C expression when symbolic)."""
+    return per_chunk(iterations, CHUNKS_PER_LOOP)
 _NO_STAGE = 1 << 30
 
 
@@ -362,7 +362,7 @@ class LoopNest:
             comment=c_comment_text(comment),
             rows=spec.rows,
             length=spec.length,
-            parallel=hint(spec.rows) > 1 and hint(spec.rows * spec.length) >= PARALLEL_MIN_ELEMENTS // 4,
+            parallel=all_of(at_least(spec.rows, 2), at_least(spec.rows * spec.length, PARALLEL_MIN_ELEMENTS // 4)),
             chunk=chunk(spec.rows),
             xrow=self._per_thread_row(stage, spec.length),
             xct=xct,
@@ -425,7 +425,7 @@ class LoopNest:
         return self.k.templates.render(
             "loop_nest.c.j2",
             comment=c_comment_text(f"{names}: {list(shape)}"),
-            parallel=hint(numel) >= PARALLEL_MIN_ELEMENTS,
+            parallel=at_least(numel, PARALLEL_MIN_ELEMENTS),
             outer=math.prod(outer_sizes) if outer_dims else None,
             outer_lines=[f"const int64_t i{d} = {e};" for d, e in zip(outer_dims, outer_exprs)],
             inner_var=f"i{inner[0]}" if inner[0] is not None else None,

@@ -74,6 +74,30 @@ def declared() -> list[tuple[str, int]]:
     return [(name, i) for i, name in enumerate(_hints.get() or {})]
 
 
+def at_least(value: Dim, threshold: int) -> bool | str:
+    """Whether ``value >= threshold``: a bool for a fixed size; for a symbolic one, the C condition,
+    decided per call (an OpenMP ``if`` clause: a short sequence does not fork threads for nothing)."""
+    if is_static(value):
+        return bool(value >= threshold)
+    return f"({value}) >= {threshold}"
+
+
+def all_of(*conditions: bool | str) -> bool | str:
+    """The conjunction of :func:`at_least` results: a bool when fixed, else a C condition."""
+    if any(c is False for c in conditions):
+        return False
+    parts = [c for c in conditions if isinstance(c, str)]
+    return " && ".join(parts) if parts else True
+
+
+def per_chunk(iterations: Dim, chunks: int) -> int | str:
+    """Iterations per dynamically scheduled chunk when the loop is cut in ``chunks``: an int for a
+    fixed count, the C expression for a symbolic one."""
+    if is_static(iterations):
+        return max(1, iterations // chunks)
+    return f"AF_PER_CHUNK({iterations}, {chunks})"
+
+
 _POWER = re.compile(r"\b(S_\w+|AF_\w+\([^()]*\))\*\*(\d+)")
 
 

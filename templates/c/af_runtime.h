@@ -44,6 +44,7 @@
 #define AF_MAX_SIZES 16
 extern _Thread_local int64_t af_sizes[AF_MAX_SIZES];
 #define AF_ALIGN_UP(n) ((((int64_t)(n)) + 63) / 64 * 64)
+#define AF_PER_CHUNK(n, k) (((int64_t)(n)) / (k) > 1 ? ((int64_t)(n)) / (k) : 1)
 #define AF_CEIL_DIV(a, b) ((((int64_t)(a)) + (int64_t)(b) - 1) / (int64_t)(b))
 
 typedef union { float f; int32_t i; } af_f32bits;
