@@ -418,12 +418,17 @@ class AnalyticCostModel:
         self.registry = registry or default_registry()
         self.name = f"analytic:{self.profile.name}"
         self.source = "" if profile else "shipped profile cpu-2core"  # where the constants came from
-        self._work: tuple[Graph, NodeWork] | None = None  # per graph object: hashing one hashes every weight
+        # per graph object (hashing one hashes every weight); a few, as a plan over symbolic sizes is
+        # priced on a graph per representative binding, alternately
+        self._work: list[tuple[Graph, NodeWork]] = []
 
     def work(self, graph: Graph) -> NodeWork:
-        if self._work is None or self._work[0] is not graph:
-            self._work = (graph, node_work(graph, self.registry))
-        return self._work[1]
+        for g, w in self._work:
+            if g is graph:
+                return w
+        w = node_work(graph, self.registry)
+        self._work = [(graph, w), *self._work[:3]]
+        return w
 
     def terms(self, graph: Graph, nodes: Sequence[str]) -> GroupTerms:
         """Bytes, saved bytes and flops (with recomputation) of ``nodes`` as one kernel."""
