@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +21,7 @@ from autofusion.ir.symbolic import BindError, binding_of_shapes, is_symbolic, sy
 from autofusion.kinds import KindError
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
-from autofusion.runtime.loader import RunError, default_threads, load_library, pointer_array
+from autofusion.runtime.loader import LibraryContext, RunError, default_threads, load_library, pointer_array
 from autofusion.runtime.model import CompiledModel, runnable_toolchain
 
 
@@ -117,21 +116,13 @@ class _OneLibrary:
         store = cache if isinstance(cache, CompileCache) else CompileCache(cache)
         self.path = compile_library(self.source, runnable_toolchain(toolchain), store)
         lib = load_library(self.path)
-        lib.af_create.restype = ctypes.c_void_p
-        lib.af_create.argtypes = [ctypes.c_void_p]
-        lib.af_destroy.argtypes = [ctypes.c_void_p]
         lib.af_workspace_bytes_sized.restype = ctypes.c_int64
         lib.af_workspace_bytes_sized.argtypes = [ctypes.c_void_p]
         lib.af_run_sized.restype = ctypes.c_int
         lib.af_run_sized.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
         self._lib = lib
-        self._consts = [np.ascontiguousarray(a) for _, a in self.source.constants]
-        self._const_ptrs = pointer_array(self._consts)
-        ctx = lib.af_create(ctypes.cast(self._const_ptrs, ctypes.c_void_p))
-        if not ctx:
-            raise MemoryError("af_create could not allocate its context")
-        self._ctx = ctx
-        self._finalizer = weakref.finalize(self, lib.af_destroy, ctx)
+        self._context = LibraryContext(self, lib, self.source.constants)  # keeps the constants alive
+        self._ctx = self._context.ctx
         self._free: list[np.ndarray] = []  # workspaces not in use, reused by later calls that fit
         self._lock = threading.Lock()
 

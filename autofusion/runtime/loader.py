@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +41,23 @@ def load_library(path: Path) -> ctypes.CDLL:
 def pointer_array(arrays: Sequence[np.ndarray | None]) -> ctypes.Array[ctypes.c_void_p]:
     """A C array of the arrays' data pointers (kept alive by the caller)."""
     return (ctypes.c_void_p * max(1, len(arrays)))(*[None if a is None else a.ctypes.data for a in arrays])
+
+
+class LibraryContext:
+    """A loaded SuperKernel's context: its constants handed over once (``af_create``), kept alive
+    here, and the context destroyed with its owner."""
+
+    def __init__(self, owner: object, lib: ctypes.CDLL, constants: Sequence[tuple[str, np.ndarray]]) -> None:
+        lib.af_create.restype = ctypes.c_void_p
+        lib.af_create.argtypes = [ctypes.c_void_p]
+        lib.af_destroy.argtypes = [ctypes.c_void_p]
+        self.arrays = [np.ascontiguousarray(a) for _, a in constants]
+        self._pointers = pointer_array(self.arrays)
+        ctx = lib.af_create(ctypes.cast(self._pointers, ctypes.c_void_p))
+        if not ctx:
+            raise MemoryError("af_create could not allocate its context")
+        self.ctx: int = ctx
+        self._finalizer = weakref.finalize(owner, lib.af_destroy, ctx)
 
 
 class WorkspacePool:

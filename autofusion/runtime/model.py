@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from autofusion.ir.symbolic import is_symbolic, symbols_of
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
+    LibraryContext,
     RunError,
     WorkspacePool,
     checked_feeds,
@@ -63,19 +63,11 @@ class CompiledModel:
         self.library_path = compile_library(self.source, tc, self.cache)
         lib = load_library(self.library_path)
         self.machine = library_machine(lib, self.chooser.machine)
-        lib.af_create.restype = ctypes.c_void_p
-        lib.af_create.argtypes = [ctypes.c_void_p]
-        lib.af_destroy.argtypes = [ctypes.c_void_p]
         lib.af_run.restype = ctypes.c_int
         lib.af_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         self._lib = lib
-        self._consts = [np.ascontiguousarray(a) for _, a in self.source.constants]
-        self._const_ptrs = pointer_array(self._consts)
-        ctx = lib.af_create(ctypes.cast(self._const_ptrs, ctypes.c_void_p))
-        if not ctx:
-            raise MemoryError("af_create could not allocate its context")
-        self._ctx = ctx
-        self._finalizer = weakref.finalize(self, lib.af_destroy, ctx)
+        self._context = LibraryContext(self, lib, self.source.constants)
+        self._ctx = self._context.ctx
         assert self.source.buffers is not None
         self.workspaces = WorkspacePool(self.source.buffers.workspace_bytes, max_concurrent)
         graph = plan.graph
