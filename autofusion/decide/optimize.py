@@ -194,11 +194,11 @@ class _Pricing:
         return _kind_cost(pricer, nodes, lambda ns: self.model.group_cost(priced, sorted(ns)))
 
     def cost(self, nodes: frozenset[str]) -> CostBreakdown:
-        first = self._at(0, nodes)
-        if len(self._priced) == 1:
-            return first
-        seconds = sum(self._at(i, nodes).seconds * k for i, k in enumerate(self._scale)) / len(self._scale)
-        return replace(first, seconds=seconds)
+        costs = [self._at(i, nodes) for i in range(len(self._priced))]
+        if len(costs) == 1:
+            return costs[0]
+        seconds = sum(c.seconds * k for c, k in zip(costs, self._scale)) / len(costs)
+        return replace(costs[0], seconds=seconds)
 
 
 def _kind_cost(checker: GroupChecker, nodes: frozenset[str],
