@@ -144,13 +144,6 @@ def _range(d: Dim) -> tuple[int | float | None, int | float | None]:
     return (ones, top) if signs == {True} else (top, ones)
 
 
-def upper_bound(d: Dim) -> int | None:
-    """The largest value ``d`` takes under the bounds in force (see :func:`bounded`), or None when
-    it has none (a symbol without a bound) or is not monotone."""
-    high = _range(d)[1]
-    return None if high is None else int(high)
-
-
 def compare(op: str, a: Dim | float, b: Dim | float) -> bool | None:
     """``a op b`` (``== != < <= > >=``) for every binding within the bounds in force, or None when
     it depends on the sizes bound at run time."""
@@ -193,12 +186,9 @@ def at_most(d: Dim, limit: int) -> bool:
     size and assumptions are being collected, the bound is assumed (and True returned)."""
     if isinstance(d, int):
         return d <= limit
-    known = decide(d <= limit)
+    known = compare("<=", d, limit)
     if known is not None:
         return known
-    upper = upper_bound(d)
-    if upper is not None and upper <= limit:
-        return True
     bounds = _assumed.get()
     syms = list(d.free_symbols)
     if len(syms) == 1 and d == syms[0]:
