@@ -58,17 +58,15 @@ class SizeWriter:
             return self._ints([int(v)])
         if v.is_Symbol:
             return self._symbol(v.name)
-        if v.is_Add or v.is_Mul:
+        if v.is_Add or v.is_Mul or (v.is_Pow and v.exp.is_Integer and v.exp > 0):
             op = "Add" if v.is_Add else "Mul"
-            args = [self._value(a) for a in v.args]
+            args = [self._value(a) for a in v.args] if not v.is_Pow else [self._value(v.base)] * int(v.exp)
             out = args[0]
             for a in args[1:]:
                 nxt = self.fresh("size")
                 self.nodes.append(helper.make_node(op, [out, a], [nxt]))
                 out = nxt
             return out
-        if v.is_Pow and v.exp.is_Integer and v.exp > 0:
-            return self._value(helper_product(v.base, int(v.exp)))
         raise OnnxExportError(f"cannot write the size {v} as ONNX (sums and products of sizes only)")
 
     def _symbol(self, symbol: str) -> str:
@@ -84,9 +82,3 @@ class SizeWriter:
                     return out
         raise OnnxExportError(f"size {symbol!r} is no input's dimension: the exported model could not compute it")
 
-
-def helper_product(base: Any, times: int) -> Any:
-    """``base ** times`` spelt as a product (sympy keeps it a Mul when evaluate=False)."""
-    import sympy
-
-    return sympy.Mul(*([base] * times), evaluate=False)
