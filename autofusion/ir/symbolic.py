@@ -47,18 +47,23 @@ def check_binding(graph: Graph, binding: Mapping[str, int]) -> dict[str, int]:
     if missing:
         raise BindError(f"no size given for {', '.join(map(repr, missing))} (the graph's sizes: "
                         f"{', '.join(symbols)})")
-    out: dict[str, int] = {}
     for name in symbols:
-        value = binding[name]
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise BindError(f"size {name!r} must be an int, got {value!r}")
-        if value < 1:
-            raise BindError(f"size {name!r} = {value}: the graph needs at least 1")
-        limit = graph.bounds.get(name)
-        if limit is not None and value > limit:
-            raise BindError(f"size {name!r} = {value} exceeds {limit}, the most the model takes")
-        out[name] = int(value)
-    return out
+        problem = _size_problem(graph, name, binding[name])
+        if problem:
+            raise BindError(problem)
+    return {name: int(binding[name]) for name in symbols}
+
+
+def _size_problem(graph: Graph, name: str, value: Any) -> str:
+    """Why size ``name`` cannot be ``value`` (not an int, below 1, beyond the graph's bound), or ""."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        return f"size {name!r} must be an int, got {value!r}"
+    if value < 1:
+        return f"size {name!r} = {value}: the graph needs at least 1"
+    limit = graph.bounds.get(name)
+    if limit is not None and value > limit:
+        return f"size {name!r} = {value} exceeds {limit}, the most the model takes"
+    return ""
 
 
 def binding_of_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
@@ -84,15 +89,14 @@ def binding_of_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> di
             elif d.is_Symbol:
                 if d.name in binding and binding[d.name] != size:
                     raise BindError(f"{here} is {size}, but {d.name} is {binding[d.name]} in {seen[d.name]}")
+                problem = _size_problem(graph, d.name, size)
+                if problem:
+                    raise BindError(f"{problem} (from {here})")
                 binding.setdefault(d.name, size)
                 seen.setdefault(d.name, here)
             else:
                 derived.append((name, axis, d, size))
-    try:
-        binding = check_binding(graph, binding)
-    except BindError as e:
-        where = next((f" (from {seen[s]})" for s in seen if f"'{s}'" in str(e)), "")
-        raise BindError(f"{e}{where}") from None
+    binding = check_binding(graph, binding)  # a size only in expressions has none: named there
     for name, axis, d, size in derived:
         if evaluate(d, binding) != size:
             raise BindError(f"input {name!r} axis {axis} is {size}; the model takes {d} = {evaluate(d, binding)} there")
