@@ -107,53 +107,45 @@ def c_powers(text: str) -> str:
     return _POWER.sub(lambda m: "(" + "*".join([m[1]] * int(m[2])) + ")", text)
 
 
-@functools.cache
-def _align_up() -> Any:
-    import sympy
-
-    class AlignUp(sympy.Function):  # type: ignore[misc]
-        """``n`` rounded up to a multiple of 64 (a cache line), printed as C (AF_ALIGN_UP)."""
-
-        @classmethod
-        def eval(cls, n: Any) -> Any:
-            return (int(n) + 63) // 64 * 64 if getattr(n, "is_Integer", False) else None
-
-        def _sympystr(self, printer: Any) -> str:
-            return f"AF_ALIGN_UP({printer.doprint(self.args[0])})"
-
-    return AlignUp
+# integer functions of sizes that C computes: the value for ints, and the macro that prints it
+_C_FUNCTIONS: dict[str, Any] = {
+    "AF_ALIGN_UP": lambda n: (n + 63) // 64 * 64,  # up to a multiple of 64, a cache line
+    "AF_CEIL_DIV": lambda a, b: -(-a // b),  # a / b rounded up, for positive a and b
+}
 
 
 @functools.cache
-def _ceil_div() -> Any:
+def _c_function(macro: str) -> Any:
+    """A sympy function of sizes that evaluates as ``_C_FUNCTIONS[macro]`` on integers and prints as
+    the C macro (af_runtime.h) otherwise."""
     import sympy
 
-    class CeilDiv(sympy.Function):  # type: ignore[misc]
-        """``a / b`` rounded up, for positive ``a`` and ``b``, printed as C (AF_CEIL_DIV)."""
+    value = _C_FUNCTIONS[macro]
 
-        is_integer = True
-        is_positive = True
+    def evaluated(cls: Any, *args: Any) -> Any:
+        return value(*map(int, args)) if all(getattr(a, "is_Integer", False) for a in args) else None
 
-        @classmethod
-        def eval(cls, a: Any, b: Any) -> Any:
-            if getattr(a, "is_Integer", False) and getattr(b, "is_Integer", False):
-                return -(-int(a) // int(b))
-            return None
+    def printed(self: Any, printer: Any) -> str:
+        return f"{macro}({', '.join(printer.doprint(a) for a in self.args)})"
 
-        def _sympystr(self, printer: Any) -> str:
-            return f"AF_CEIL_DIV({printer.doprint(self.args[0])}, {printer.doprint(self.args[1])})"
+    return type(macro, (sympy.Function,), {"is_integer": True, "is_positive": True,
+                                           "eval": classmethod(evaluated), "_sympystr": printed})
 
-    return CeilDiv
+
+def _apply(macro: str, *args: Dim) -> Dim:
+    if all(is_static(a) for a in args):
+        return _C_FUNCTIONS[macro](*args)
+    return _c_function(macro)(*args)
 
 
 def ceil_div(a: Dim, b: Dim) -> Dim:
     """``a / b`` rounded up (tiles of ``b`` covering ``a``); symbolic operands give an expression C can print."""
-    return -(-a // b) if is_static(a) and is_static(b) else _ceil_div()(a, b)
+    return _apply("AF_CEIL_DIV", a, b)
 
 
 def align_up(n: Dim) -> Dim:
     """``n`` rounded up to a multiple of 64; a symbolic ``n`` stays an expression C can print."""
-    return (n + 63) // 64 * 64 if is_static(n) else _align_up()(n)
+    return _apply("AF_ALIGN_UP", n)
 
 
 def hint(d: Any) -> int:
