@@ -17,6 +17,7 @@ from autofusion.codegen.superkernel import LibrarySource, render_plan
 from autofusion.decide.binding import bind_plan
 from autofusion.decide.plan import Plan
 from autofusion.graph.dims import evaluate
+from autofusion.graph.graph import Graph
 from autofusion.ir.symbolic import BindError, binding_of_shapes, is_symbolic, symbols_of
 from autofusion.kinds import KindError
 from autofusion.runtime.cache import CompileCache
@@ -37,7 +38,9 @@ class DynamicModel:
     binding (``library_path``); otherwise each binding's SuperKernel is compiled on its first call
     (the compile cache keeps it on disk) and kept loaded for the ``keep`` most recent bindings, and
     ``one_library_refused`` says why. ``options`` go to each CompiledModel (threads, tune, cache,
-    ...). Safe from many threads: a binding is compiled once however many calls ask for it.
+    ...); the one library takes threads, cache and toolchain of them (its cores are the untuned
+    default, chosen for the representative sizes). Safe from many threads: a binding is compiled
+    once however many calls ask for it.
     """
 
     def __init__(self, plan: Plan, keep: int = 8, **options: Any) -> None:
@@ -130,7 +133,7 @@ class _OneLibrary:
             threads: int | None) -> dict[str, np.ndarray]:
         graph = self.plan.graph
         arrays = {name: np.ascontiguousarray(feeds[name]) for name in graph.inputs}
-        checked_feeds_dtypes(graph, arrays)
+        _check_dtypes(graph, arrays)
         sizes = np.array([binding[s] for s in self.symbols], np.int64)
         outputs = [np.empty(tuple(evaluate(d, binding) for d in graph.types[o].shape), graph.types[o].dtype.numpy)
                    for o in graph.outputs]
@@ -164,7 +167,7 @@ class _OneLibrary:
         return aligned_empty(max(64, nbytes))
 
 
-def checked_feeds_dtypes(graph: Any, arrays: Mapping[str, np.ndarray]) -> None:
+def _check_dtypes(graph: Graph, arrays: Mapping[str, np.ndarray]) -> None:
     """RunError for a feed of another dtype than its input's (shapes were checked by the binding)."""
     for name, arr in arrays.items():
         want = graph.types[name].dtype
