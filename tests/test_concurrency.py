@@ -149,6 +149,17 @@ def test_workspace_pool_gives_calls_at_once_their_own_workspace() -> None:
     assert pool.allocated == 2
 
 
+def test_workspace_pool_serves_calls_of_different_sizes_from_the_smallest_that_fits() -> None:
+    pool = WorkspacePool(100)  # a library over symbolic sizes asks for what each binding needs
+    with pool.lease(5000) as big:  # the free 100 bytes give way to 5000
+        assert big.nbytes == 5000
+    with pool.lease(300) as fits, pool.lease(50) as small:
+        assert fits.ctypes.data == big.ctypes.data and small.nbytes == 64  # a second one, of what it asked
+    with pool.lease(60) as again:
+        assert again.nbytes == 64  # the smallest free one that fits, not the 5000
+    assert pool.allocated == 2
+
+
 def test_a_bounded_pool_makes_calls_beyond_it_wait(problems_from_threads) -> None:
     graph, feeds = _feeds(8)
     model = CompiledModel(optimize(graph), max_concurrent=2)

@@ -61,11 +61,13 @@ class LibraryContext:
 
 
 class WorkspacePool:
-    """Workspaces of ``nbytes`` for concurrent runs of one library: a call leases a free one, or a
-    new one when every workspace is in use, so threads never share one and never wait for one.
+    """Workspaces for concurrent runs of one library: a call leases a free one, or a new one when
+    every workspace is in use, so threads never share one and never wait for one.
 
     The pool holds as many workspaces as there were calls running at once at its peak; with
-    ``limit``, at most that many, and a call beyond them waits for one to be returned.
+    ``limit``, at most that many, and a call beyond them waits for one to be returned. A call may
+    ask for more than ``nbytes`` (a library over symbolic sizes needs what its binding needs): it
+    gets the smallest free workspace that fits, else the largest free one is replaced by one that does.
     """
 
     def __init__(self, nbytes: int, limit: int | None = None) -> None:
@@ -79,16 +81,15 @@ class WorkspacePool:
         self.allocated = 1
 
     @contextmanager
-    def lease(self) -> Iterator[np.ndarray]:
+    def lease(self, nbytes: int | None = None) -> Iterator[np.ndarray]:
+        need = self.nbytes if nbytes is None else max(64, nbytes)
         if self._slots is not None:
             self._slots.acquire()
         try:
             with self._lock:
-                workspace = self._free.pop() if self._free else None
-                if workspace is None:
-                    self.allocated += 1
+                workspace = self._take(need)
             if workspace is None:
-                workspace = aligned_empty(self.nbytes)  # allocated outside the lock: others need not wait
+                workspace = aligned_empty(need)  # allocated outside the lock: others need not wait
             try:
                 yield workspace
             finally:
@@ -98,11 +99,24 @@ class WorkspacePool:
             if self._slots is not None:
                 self._slots.release()
 
+    def _take(self, need: int) -> np.ndarray | None:
+        """The smallest free workspace of ``need`` bytes or more; None when a new one must be made."""
+        fits = [i for i, w in enumerate(self._free) if w.nbytes >= need]
+        if fits:
+            return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
+        if self._free:  # none is large enough: the largest gives way to one that is
+            self._free.pop(max(range(len(self._free)), key=lambda i: self._free[i].nbytes))
+        else:
+            self.allocated += 1
+        return None
 
-def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Feeds as contiguous arrays of the declared shapes and dtypes, or RunError."""
+
+def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray],
+                  binding: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Feeds as contiguous arrays of the declared shapes (symbolic sizes at ``binding``) and dtypes,
+    or RunError."""
     try:
-        arrays = check_feeds(graph, feeds)
+        arrays = check_feeds(graph, feeds, binding)
     except InterpreterError as e:
         raise RunError(str(e)) from None
     return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
