@@ -29,6 +29,7 @@ from autofusion.ir.symbolic import (
     with_bounds,
 )
 from autofusion.runtime import CompiledModel, DynamicModel, RunError
+from autofusion.runtime.tuning import Tuner
 
 SEQ, BATCH = symbol("seq"), symbol("batch")
 
@@ -157,19 +158,20 @@ def test_a_transformer_runs_every_size_on_one_library_compiled_once(path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """BERT and GPT-2 with symbolic batch and seq: every kernel takes its sizes at run time (GEMMs
     with their epilogues, attention products, softmax, LayerNorm, the mask arithmetic)."""
-    import autofusion.runtime.dynamic as dynamic
+    import autofusion.runtime.model as compiled
 
     ort = pytest.importorskip("onnxruntime")
-    graph, model = _dynamic_model(path)
-    assert model.one_library_refused == "" and model.library_path is not None and model.compiles == 1
-    monkeypatch.setattr(dynamic, "compile_library", lambda *a, **k: pytest.fail("compiled again"))
+    graph = load_onnx(path)  # dynamic axes stay symbolic
+    model = CompiledModel(optimize(graph))
+    library = model.library_path
+    monkeypatch.setattr(compiled, "compile_library", lambda *a, **k: pytest.fail("compiled again"))
     session, rng = ort.InferenceSession(str(path)), np.random.default_rng(5)
     for batch, seq in ((1, 1), (1, 7), (1, 8), (3, 9), (1, 64), (3, 64)):
         feeds = dynamic_feeds(graph, batch, seq, rng)
         got = model.run(feeds)[graph.outputs[0]]
         (want,) = session.run(None, feeds)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{path.stem} at {batch} x {seq}")
-    assert model.compiles == 1
+    assert model.library_path == library
 
 
 def test_a_plan_with_kernels_of_fixed_sizes_compiles_each_binding_once_and_says_why() -> None:
@@ -185,7 +187,7 @@ def test_a_plan_with_kernels_of_fixed_sizes_compiles_each_binding_once_and_says_
     assert model.compiles == 3  # batch 1 and 2 came back while loaded
     model.run(other_feeds(cnn, 1, 0, rng))
     assert model.compiles == 4  # keep=2: batch 1 had been dropped for 3
-    with pytest.raises(RunError, match="symbolic sizes .*DynamicModel, or bind it first"):
+    with pytest.raises(CodegenError, match="kernels of kind .*conv_epilogue.* fixed sizes only so far"):
         CompiledModel(model.plan)
     with pytest.raises(CodegenError, match="kernels of kind .*conv_epilogue.* fixed sizes only so far"):
         render_plan(model.plan)
@@ -295,13 +297,13 @@ def _norm_block() -> Graph:
 
 
 def test_one_library_serves_every_binding_without_compiling_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    import autofusion.runtime.dynamic as dynamic
+    import autofusion.runtime.model as compiled
 
     graph = _norm_block()
     model = DynamicModel(optimize(graph))
     assert model.one_library_refused == "" and model.library_path is not None and model.compiles == 1
     calls: list[object] = []
-    monkeypatch.setattr(dynamic, "compile_library", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(compiled, "compile_library", lambda *a, **k: calls.append(a))
     for batch, seq in ((1, 1), (2, 7), (3, 64), (1, 333), (2, 7)):
         rng = np.random.default_rng(batch * 1000 + seq)
         feeds = {n: rng.standard_normal((batch, seq, 16)).astype(np.float32) for n in ("x", "r")}
@@ -311,6 +313,25 @@ def test_one_library_serves_every_binding_without_compiling_again(monkeypatch: p
             assert got[out].shape == want[out].shape
             np.testing.assert_allclose(got[out], want[out], rtol=1e-5, atol=1e-6, err_msg=f"{out} at {batch} x {seq}")
     assert calls == [] and model.compiles == 1  # no compiler run for any new size
+
+
+def test_a_symbolic_library_is_tuned_and_profiled_at_its_representative_sizes() -> None:
+    """Cores tuned at the binding the plan was priced at (seq 128) serve every other size too, and a
+    profiling build times each group of the call just made."""
+    b = GraphBuilder("dense")
+    x = b.input("x", (SEQ, 64))
+    w = b.const(np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32) / 8)
+    graph = b.build([b.op("Relu", b.op("MatMul", x, w))])
+    model = CompiledModel(optimize(graph), tune=True, profile=True)
+    assert isinstance(model.chooser, Tuner)
+    for seq in (1, 5, 128, 300):
+        feeds = {"x": np.random.default_rng(seq).standard_normal((seq, 64)).astype(np.float32)}
+        got = model.run(feeds)[graph.outputs[0]]
+        np.testing.assert_allclose(got, run_graph(bind(graph, {"seq": seq}), feeds)[graph.outputs[0]],
+                                   rtol=1e-5, atol=1e-5, err_msg=f"seq {seq}")
+        assert set(model.step_seconds()) == {g.name for g in model.plan.groups}
+    with pytest.raises(RunError, match="input 'x' axis 1 is 65; the model takes \\[seq, 64\\]"):
+        model.run({"x": np.zeros((3, 65), np.float32)})
 
 
 def test_calls_at_different_sizes_at_once_each_get_their_own_answer() -> None:

@@ -68,7 +68,7 @@ def load_onnx(
     base_dir: str | os.PathLike[str] | None = None,
     values: Mapping[str, Any] | None = None,
     feeds: Mapping[str, Any] | None = None,
-    symbolic: bool = False,
+    symbolic: bool = True,
 ) -> Graph:
     """Import an ONNX model (file path, bytes or ``onnx.ModelProto``) as a verified IR graph.
 
@@ -77,10 +77,10 @@ def load_onnx(
     will pass them) bind the rest from their shapes: see :func:`dims_of_feeds`. ``values`` fixes
     graph inputs to constant arrays (needed when a shape depends on an input's value, e.g. Expand's
     target shape fed as an input); they are no longer graph inputs. ``base_dir`` locates external
-    data for bytes or protos. ``symbolic=True`` keeps the dimensions neither binds as symbols (sizes
-    known at run time): the graph's shapes are then expressions over them, and
-    :func:`autofusion.ir.symbolic.bind` makes the static graph of a binding; without it an unbound
-    dimension is an error.
+    data for bytes or protos. The dimensions neither binds stay symbols (sizes known at run time):
+    the graph's shapes are then expressions over them, one plan serves every size, and
+    :func:`autofusion.ir.symbolic.bind` makes the static graph of a binding; with
+    ``symbolic=False`` an unbound dimension is an error instead.
     """
     registry = registry or default_registry()
     model, where = load_model(source, base_dir)
@@ -223,7 +223,7 @@ def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str
         flags = " ".join(f"--dim {sym}=N" for sym in unbound)
         raise OnnxImportError(f"unbound symbolic dimension(s) {listed}: running needs their sizes; bind them "
                               f"with dims={{{example}}} (command line: {flags}, or --inputs FILE), or import "
-                              "with symbolic=True for one plan over every size")
+                              "with symbolic=True (the default) for one plan over every size")
     return types
 
 

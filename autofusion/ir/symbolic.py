@@ -1,6 +1,6 @@
 """Graphs with symbolic sizes: what they depend on, and the static graph of one binding.
 
-A model imported with its dynamic axes kept (``load_onnx(path, symbolic=True)``) has shapes over
+A model imported with its dynamic axes kept (``load_onnx(path)``) has shapes over
 symbols (``float32[batch,seq,768]``), symbolic constants (a Reshape's target ``[batch, seq, 12,
 64]``) and nodes that a static import folds (``Range(0, seq)``). :func:`bind` gives the graph of one
 binding: every size evaluated, the shape arithmetic folded, the result verified, as the static

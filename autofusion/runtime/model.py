@@ -12,7 +12,8 @@ from autofusion.codegen.cores import CoreChooser, DefaultChooser, Machine, this_
 from autofusion.codegen.superkernel import LibrarySource, render_plan
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import Plan
-from autofusion.ir.symbolic import is_symbolic, symbols_of
+from autofusion.graph.dims import evaluate
+from autofusion.ir.symbolic import BindError, binding_of_shapes, symbols_of
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
@@ -44,16 +45,21 @@ class CompiledModel:
     Matrix products run the core the tuner measured fastest on this machine for their shape
     (runtime/tuning.py, cached per machine); ``tune=False`` (or ``$AUTOFUSION_TUNE=0``) takes the
     untuned default instead, deterministically; ``cores`` hands in a chooser of one's own.
+
+    A plan over symbolic sizes (``optimize(load_onnx(path))`` of a model with dynamic axes) compiles
+    into one library that serves every binding: ``run`` reads the sizes off the feeds (a shape that
+    contradicts the graph is a RunError naming the input and axis), and each call's workspace is
+    placed for its sizes. Its cores are chosen (or tuned) at the representative binding the plan was
+    priced at. A plan whose kernels cannot all take run-time sizes is a CodegenError here;
+    :class:`autofusion.runtime.DynamicModel` then compiles one library per binding.
     """
 
     def __init__(self, plan: Plan, threads: int | None = None, cache: CompileCache | str | Path | None = None,
                  toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
                  profile: bool = False, tune: bool | None = None, cores: CoreChooser | None = None,
                  progress: Progress | None = None, max_concurrent: int | None = None) -> None:
-        if is_symbolic(plan.graph):
-            raise RunError(f"graph {plan.graph.name!r} has symbolic sizes ({', '.join(symbols_of(plan.graph))}): "
-                           "run it with autofusion.runtime.DynamicModel, or bind it first (bind_plan)")
         self.plan = plan
+        self.symbols = symbols_of(plan.graph)  # sizes each call passes, in af_run_sized's order
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
         tc = runnable_toolchain(toolchain)
@@ -65,6 +71,11 @@ class CompiledModel:
         self.machine = library_machine(lib, self.chooser.machine)
         lib.af_run.restype = ctypes.c_int
         lib.af_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        if self.symbols:
+            lib.af_workspace_bytes_sized.restype = ctypes.c_int64
+            lib.af_workspace_bytes_sized.argtypes = [ctypes.c_void_p]
+            lib.af_run_sized.restype = ctypes.c_int
+            lib.af_run_sized.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
         self._lib = lib
         self._context = LibraryContext(self, lib, self.source.constants)
         self._ctx = self._context.ctx
@@ -75,9 +86,20 @@ class CompiledModel:
 
     @property
     def peak_bytes(self) -> int:
-        """Peak activation memory of the plan's buffer plan (workspace bytes)."""
+        """Peak activation memory of the plan's buffer plan (workspace bytes; for symbolic sizes, at
+        the representative binding)."""
         assert self.source.buffers is not None
         return self.source.buffers.peak_bytes
+
+    def binding(self, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """The sizes ``feeds`` give each symbol ({} for a static plan); RunError naming the input and
+        axis where they contradict the graph (rank, a fixed size, a bound, two sizes for one symbol)."""
+        if not self.symbols:
+            return {}
+        try:
+            return binding_of_shapes(self.plan.graph, {k: np.shape(v) for k, v in feeds.items()})
+        except BindError as e:
+            raise RunError(str(e)) from None
 
     def step_seconds(self) -> dict[str, float]:
         """Seconds each group's step took in this thread's last ``run`` (a model built with
@@ -102,20 +124,35 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run the model on ``feeds``; RunError when a feed is missing or mistyped."""
         graph = self.plan.graph
-        arrays = checked_feeds(graph, feeds)
+        binding = self.binding(feeds)
+        arrays = checked_feeds(graph, feeds, binding)
         inputs = [arrays[name] for name in graph.inputs]
-        outputs = [np.empty(shape, dtype) for _, shape, dtype in self._out_specs]
+        outputs = [np.empty(tuple(evaluate(d, binding) for d in shape), dtype) for _, shape, dtype in self._out_specs]
         in_ptrs, out_ptrs = pointer_array(inputs), pointer_array(outputs)
         nt = default_threads(threads) if threads is not None else self.threads
-        with self.workspaces.lease() as workspace:
-            rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
-                                  ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
+        if binding:
+            rc = self._run_sized(binding, in_ptrs, out_ptrs, nt)
+        else:
+            with self.workspaces.lease() as workspace:
+                rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
+                                      ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
         if rc != 0:
             raise RunError(f"af_run returned {rc}")
         result: dict[str, np.ndarray] = {}
         for (name, _, _), arr in zip(self._out_specs, outputs):
             result.setdefault(name, arr)
         return result
+
+    def _run_sized(self, binding: Mapping[str, int], in_ptrs: ctypes.Array[ctypes.c_void_p],
+                   out_ptrs: ctypes.Array[ctypes.c_void_p], threads: int) -> int:
+        """One call of the library over symbolic sizes, its workspace placed for ``binding``."""
+        sizes = np.array([binding[s] for s in self.symbols], np.int64)
+        need = int(self._lib.af_workspace_bytes_sized(sizes.ctypes.data))
+        if need < 0:
+            raise MemoryError("the library could not place its workspace")
+        with self.workspaces.lease(need) as workspace:
+            return int(self._lib.af_run_sized(self._ctx, sizes.ctypes.data, ctypes.cast(in_ptrs, ctypes.c_void_p),
+                                              ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, threads))
 
 
 def runnable_toolchain(toolchain: Toolchain | None) -> Toolchain:
