@@ -114,3 +114,37 @@ def test_graph_maker_builds_runnable_graphs_with_shared_bindings() -> None:
                                rtol=1e-6)
     assert env.vars["x"].type.shape[-1] == env.vars["w"].type.shape[0]
     assert isinstance(rw.lhs.args[0].args[0], Var)
+
+
+def _registry_with(op: str, infer: object, reference: object) -> object:
+    from autofusion.ops.registry import OpClass, OpDef
+
+    return default_registry().extended([OpDef(op, OpClass.POINTWISE, ("X",), infer, reference)])  # type: ignore[arg-type]
+
+
+def test_a_rewrite_whose_right_side_needs_fixed_sizes_fails_with_symbolic_ones() -> None:
+    """The engine rewrites models with dynamic axes too: an op that infers its type from fixed sizes
+    only (int() of each) type-checks at every trial's sizes but not over symbols."""
+    from autofusion.graph.types import TensorType
+
+    registry = _registry_with("Twice", lambda ctx: (TensorType(tuple(int(d) for d in ctx.type(0).shape),
+                                                               ctx.type(0).dtype),),
+                              lambda xs, a: (xs[0] * 2,))
+    (d,) = analyze_text("rewrite twice: Add(x, x) => Twice(x)\n", "v.fuse", registry=registry).diagnostics  # type: ignore[arg-type]
+    assert d.code == "F022" and "does not hold when sizes are symbolic" in d.message
+    assert "does not type-check with symbolic sizes" in d.message
+    assert any(n.startswith("symbolic inputs: x: float32[s") for n in d.notes)
+
+
+def test_symbolic_sizes_are_drawn_beyond_the_trials_sizes() -> None:
+    """A right side that is only right for short rows holds at every trial's sizes; the sizes drawn
+    for the symbols find where it does not."""
+    registry = _registry_with("ShortTwice", lambda ctx: (ctx.type(0),),
+                              lambda xs, a: (xs[0] * (2 if xs[0].shape[-1] <= 8 else 3),))
+    text = "rewrite twice: Add(x, x) => ShortTwice(x)\n"
+    (d,) = analyze_text(text, "v.fuse", registry=registry).diagnostics  # type: ignore[arg-type]
+    assert d.code == "F022" and "when sizes are symbolic: the sides differ" in d.message
+    sizes = d.data["sizes"]
+    assert max(sizes.values()) > 8 and any(n.startswith("at sizes s") for n in d.notes)
+    fixed = _registry_with("ShortTwice", lambda ctx: (ctx.type(0),), lambda xs, a: (xs[0] * 2,))
+    assert analyze_text(text, "v.fuse", registry=fixed).diagnostics == []  # type: ignore[arg-type]

@@ -174,8 +174,11 @@ _TABLE = [
     Code("F022", "rewrite-mismatch", E,
          "Numerical verification: both sides of a rewrite were built as graphs and run by the "
          "reference interpreter on random inputs, and they disagree (values, shapes or dtypes), "
-         "or the right side does not type-check where the left side does. The notes give the "
-         "counterexample: input shapes and the largest error.",
+         "or the right side does not type-check where the left side does. Each passing case is "
+         "checked again with its sizes symbolic, as in a model with dynamic axes: where the guard "
+         "holds for every size, the sides must type-check alike and agree at drawn sizes too. The "
+         "notes give the counterexample: input shapes (symbolic ones and the sizes tried) and the "
+         "largest error.",
          "A wrong rewrite silently changes what a model computes.",
          "rewrite swap: Sub(a, b) => Sub(b, a)",
          "Fix the rewrite, or restrict it with a guard to the inputs where it is exact."),

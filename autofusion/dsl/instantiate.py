@@ -67,7 +67,7 @@ class Env:
 
     def bindings(self, types: Mapping[str, TensorType], registry: OpRegistry) -> g.Bindings:
         """What a guard sees: types of variables and captures, constness, attributes."""
-        t = {n: b.type for n, b in self.vars.items()}
+        t = {n: types.get(b.tensor, b.type) for n, b in self.vars.items()}  # symbolic sizes where given
         node_attrs: dict[str, dict[str, Any]] = {}
         for name, (tensor, node) in self.captures.items():
             t[name] = types[tensor]

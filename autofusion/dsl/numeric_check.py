@@ -24,6 +24,8 @@ from autofusion.dsl.diagnostics import Sink
 from autofusion.dsl.instantiate import Env, GraphMaker, NoInstance, Trial, max_outputs
 from autofusion.dsl.ir import Branch, FusionRule, Loop, NoFuse, OpTerm, PatternDef, Rewrite, Term, Var
 from autofusion.dsl.program import Program
+from autofusion.dsl.symbolic_check import SymbolicMismatch, check_symbolic
+from autofusion.graph.graph import Graph
 from autofusion.graph.types import DType
 from autofusion.ir.interpreter import InterpreterError, run_graph
 from autofusion.ops.registry import OpRegistry
@@ -43,6 +45,7 @@ class Case:
     error: float = 0.0
     reason: str = ""
     detail: list[str] = field(default_factory=list)
+    sides: tuple[Graph, Graph] | None = None  # the two graphs the case ran, for the symbolic check
 
 
 def rank_hints(guard: g.Guard | None) -> dict[str, int]:
@@ -142,6 +145,30 @@ class Verifier:
         if not ok_cases:
             self.sink.add("F023", f"rewrite {rw.name} was not verified: no input shapes were found for which the "
                           f"left side type-checks and the guard holds ({tried} trials)", rw.span)
+        self.symbolic(rw, ok_cases)
+
+    def symbolic(self, rw: Rewrite, cases: list[Case]) -> None:
+        """Each passing case again with its sizes symbolic (see dsl/symbolic_check.py)."""
+        rng = np.random.default_rng(zlib.crc32(rw.name.encode()) + 1)
+        for case in cases:
+            assert case.sides is not None
+            left, right = case.sides
+            agree = lambda a, b, env=case.env: (c := compare(env, a, b)) is None or c.ok  # noqa: E731
+            found = check_symbolic(left, right, rw.guard, case.env, self.registry, rng, agree)
+            if found is not None:
+                self.report_symbolic(rw, found, case.env)
+                return
+
+    def report_symbolic(self, rw: Rewrite, found: SymbolicMismatch, env: Env) -> None:
+        reason, detail = found.reason, list[str]()
+        if found.left is not None and found.right is not None:
+            case = compare(env, found.left, found.right)
+            reason, detail = (case.reason, case.detail) if case is not None else ("the sides differ", [])
+        sizes = ", ".join(f"{k}={v}" for k, v in found.sizes.items())
+        notes = ["symbolic inputs: " + ", ".join(f"{n}: {t}" for n, t in found.inputs.items()),
+                 f"at sizes {sizes}", *detail]
+        self.sink.add("F022", f"rewrite {rw.name} does not hold when sizes are symbolic: {reason}", rw.span,
+                      notes, {"inputs": found.inputs, "sizes": found.sizes})
 
     def rewrite_case(self, rw: Rewrite, trial: Trial, outputs: Any) -> Case | None:
         env = Env()
@@ -165,7 +192,10 @@ class Verifier:
             return Case(env, False, float("inf"), f"the right side does not type-check ({e})")
         except InterpreterError as e:
             return Case(env, False, float("inf"), f"the right side fails to run ({e})")
-        return compare(env, l_val, r_val)
+        case = compare(env, l_val, r_val)
+        if case is not None:
+            case.sides = (left.graph([l_out]), right.graph([r_out]))
+        return case
 
     def report_mismatch(self, rw: Rewrite, case: Case) -> None:
         shapes = {n: str(b.type) + (" const" if b.const else "") for n, b in case.env.vars.items()
