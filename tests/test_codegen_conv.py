@@ -649,3 +649,51 @@ def test_narrow_rows_run_the_taps_kernel_as_one_span() -> None:
         assert report.ok, report.summary()
         code = "\n".join(k.code for k in model.source.kernels)
         assert "af_sgemm_packed_taps(" in code and ("as one span at the slab's pitch" in code) == spans
+
+
+BATCH_CASES = {  # name: (x, w, attrs, impl, pooling op after Relu or "", weight given as an input)
+    "taps": ((None, 8, 12, 12), (16, 8, 3, 3), dict(pads=(1, 1, 1, 1)), "taps", "", False),
+    "packed_stride2": ((None, 8, 13, 11), (40, 8, 3, 3), dict(pads=(1, 1, 1, 1), strides=(2, 2)), "packed", "", False),
+    "blas": ((None, 6, 9, 9), (5, 6, 3, 3), dict(pads=(1, 1, 1, 1)), "blas", "", False),
+    "one_by_one": ((None, 16, 7, 7), (32, 16, 1, 1), {}, None, "", False),
+    "depthwise": ((None, 24, 13, 13), (24, 1, 3, 3), dict(pads=(1, 1, 1, 1), group=24), "depthwise", "", False),
+    "weights_at_run_time": ((None, 16, 10, 10), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1)), None, "", True),
+    "stem_maxpool": ((None, 3, 40, 40), (40, 3, 7, 7), dict(pads=(3, 3, 3, 3), strides=(2, 2)), "taps", "MaxPool",
+                     False),
+    "avgpool": ((None, 4, 17, 17), (24, 4, 3, 3), dict(pads=(1, 1, 1, 1)), "packed", "AveragePool", False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BATCH_CASES))
+def test_convolutions_take_their_batch_at_run_time(case: str) -> None:
+    """One library over a symbolic batch, each kind of convolution kernel (taps, packed, OpenBLAS,
+    the input as the matrix, depthwise, a weight packed per call, a pooling epilogue), run at
+    batch 1, 2 and 5 against the reference of each binding."""
+    from autofusion.codegen.cores import CoreChoice, FixedChooser
+    from autofusion.graph.dims import symbol
+    from autofusion.ir.symbolic import bind
+
+    xs, ws, attrs, impl, pool, w_input = BATCH_CASES[case]
+    batch = symbol("batch")
+    b = GraphBuilder("batch_at_run_time")
+    x = b.input("x", (batch, *xs[1:]))
+    w = b.input("w", ws) if w_input else b.const(f32(*ws) * np.float32(0.3))
+    c = b.op("Conv", x, w, b.const(f32(ws[0])), **attrs)
+    y = b.op("Relu", b.op("BatchNormalization", c, b.const(f32(ws[0])), b.const(f32(ws[0])), b.const(f32(ws[0])),
+                          b.const(np.abs(f32(ws[0])) + 0.5)))
+    if pool:
+        y = b.op(pool, y, kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    g = b.build([y])
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "conv_epilogue"),
+                ZERO_COST, ZERO_COST)
+    cores = FixedChooser(CoreChoice(impl, 256)) if impl else None
+    model = CompiledModel(plan, cache=CACHE, cores=cores)
+    for n in (1, 2, 5):
+        feeds = {"x": f32(n, *xs[1:]), **({"w": f32(*ws) * np.float32(0.3)} if w_input else {})}
+        report = compare_outputs(run_graph(bind(g, {"batch": n}), feeds), model.run(feeds))
+        assert report.ok, f"batch {n}: {report.summary()}"
+    (kernel,) = model.source.kernels
+    want = impl or {"one_by_one": "packed", "weights_at_run_time": "repack"}[case]
+    assert [core.impl for _, core in kernel.cores] == [want]
+    assert "S_batch" in kernel.code and ("pin[" in kernel.code) == bool(pool)
+    assert ("im2col of the block" in kernel.code) == (case in ("packed_stride2", "blas", "avgpool"))

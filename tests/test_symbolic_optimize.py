@@ -10,7 +10,7 @@ import pytest
 from dynamic_models import CNN_AND_LSTM, DYNAMIC, dynamic_feeds, other_feeds
 
 from autofusion import optimize
-from autofusion.codegen import CodegenError, render_plan
+from autofusion.codegen import CodegenError
 from autofusion.decide.binding import bind_plan
 from autofusion.decide.explain import explain_report
 from autofusion.dsl.guards import Bindings, Call, Compare, IntLit, ListLit, Name, verdict
@@ -174,23 +174,29 @@ def test_a_transformer_runs_every_size_on_one_library_compiled_once(path: Path,
     assert model.library_path == library
 
 
+def _image_of_any_size() -> Graph:
+    """A convolution over an image whose side is symbolic: its kernels take fixed image sizes only."""
+    b = GraphBuilder("image")
+    x = b.input("x", (1, 3, symbol("side"), symbol("side")))
+    w = b.const(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32))
+    return b.build([b.op("GlobalAveragePool", b.op("Relu", b.op("Conv", x, w, pads=(1, 1, 1, 1))))])
+
+
 def test_a_plan_with_kernels_of_fixed_sizes_compiles_each_binding_once_and_says_why() -> None:
-    ort = pytest.importorskip("onnxruntime")
-    cnn = next(p for p in CNN_AND_LSTM if p.stem.startswith("resnet"))
-    _, model = _dynamic_model(cnn, keep=2)
-    assert model.library_path is None and "conv_epilogue" in model.one_library_refused
-    assert "take fixed sizes only so far" in model.one_library_refused
-    session, rng = ort.InferenceSession(str(cnn)), np.random.default_rng(2)
-    for batch in (1, 2, 1, 2, 3):
-        feeds = other_feeds(cnn, batch, 0, rng)
-        np.testing.assert_allclose(model.run(feeds)["logits"], session.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
-    assert model.compiles == 3  # batch 1 and 2 came back while loaded
-    model.run(other_feeds(cnn, 1, 0, rng))
-    assert model.compiles == 4  # keep=2: batch 1 had been dropped for 3
-    with pytest.raises(CodegenError, match="kernels of kind .*conv_epilogue.* fixed sizes only so far"):
+    graph = _image_of_any_size()
+    model = DynamicModel(optimize(graph), keep=2)
+    assert model.library_path is None and "Conv with symbolic channels or image sizes" in model.one_library_refused
+    assert "takes fixed sizes only so far" in model.one_library_refused
+    rng = np.random.default_rng(2)
+    for side in (5, 9, 5, 9, 7):
+        feeds = {"x": rng.standard_normal((1, 3, side, side)).astype(np.float32)}
+        want = run_graph(bind(graph, {"side": side}), feeds)[graph.outputs[0]]
+        np.testing.assert_allclose(model.run(feeds)[graph.outputs[0]], want, rtol=1e-5, atol=1e-6)
+    assert model.compiles == 3  # sides 5 and 9 came back while loaded
+    model.run({"x": np.zeros((1, 3, 5, 5), np.float32)})
+    assert model.compiles == 4  # keep=2: side 5 had been dropped for 7
+    with pytest.raises(CodegenError, match="symbolic channels or image sizes .* fixed sizes only so far"):
         CompiledModel(model.plan)
-    with pytest.raises(CodegenError, match="kernels of kind .*conv_epilogue.* fixed sizes only so far"):
-        render_plan(model.plan)
 
 
 def test_feeds_that_contradict_the_graph_are_refused_by_input_and_axis() -> None:
@@ -270,7 +276,7 @@ def test_cnns_and_an_lstm_with_dynamic_axes_run_one_plan_at_any_size(path: Path)
     """The other architectures of the shared models, exported with a dynamic batch (and the LSTM's
     time steps): Conv, BatchNorm folded or not, pooling, Flatten, Gemm and the LSTM op."""
     ort = pytest.importorskip("onnxruntime")
-    graph = load_onnx(path, symbolic=True)
+    graph = load_onnx(path)
     assert symbols_of(graph) == (("batch", "seq") if path.stem.startswith("lstm") else ("batch",))
     model, session = DynamicModel(optimize(graph)), ort.InferenceSession(str(path))
     rng = np.random.default_rng(4)
@@ -280,7 +286,7 @@ def test_cnns_and_an_lstm_with_dynamic_axes_run_one_plan_at_any_size(path: Path)
         bound = bind(graph, {s: {"batch": batch, "seq": seq}[s] for s in symbols_of(graph)})
         np.testing.assert_allclose(run_graph(bound, feeds)[bound.outputs[0]], want, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(model.run(feeds)[graph.outputs[0]], want, rtol=1e-4, atol=1e-5)
-    assert model.compiles == (1 if path.stem.startswith("lstm") else 2)  # convolutions: per binding so far
+    assert model.compiles == 1 and model.library_path is not None  # convolutions take the batch at run time
 
 
 def _norm_block() -> Graph:

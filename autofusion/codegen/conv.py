@@ -37,6 +37,7 @@ from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
+from autofusion.codegen.sizes import at_least, hint
 from autofusion.codegen.views import strided_view
 from autofusion.graph.graph import Node
 from autofusion.graph.types import DType
@@ -180,6 +181,9 @@ class _Conv:
         spatial = len(xs) - 2
         if spatial < 1 or spatial > 3:
             raise self.k.error(f"Conv with {spatial} spatial axes is not supported", core)
+        if not all(isinstance(d, int) for d in (*xs[1:], *ws)):  # the batch alone may be known at run time
+            raise self.k.error(f"Conv with symbolic channels or image sizes ({list(xs)} * {list(ws)}) takes fixed "
+                               "sizes only so far: bind the plan first", core)
         groups = int(core.attr("group", 1))
         win = window(xs[2:], ints(core.attr("kernel_shape") or ws[2:]), core.attrs.get)
         geo: dict[str, Any] = dict(xs=xs, ws=ws, win=win, groups=groups, n_img=xs[0], channels=xs[1], m=ws[0],
@@ -220,7 +224,8 @@ class _Conv:
         # a weight given at run time (training, a gradient's Convs) packed into the same panels per call
         repackable = (weight is None and pool is None and mg >= PACKED_MIN_COLUMNS and geo["kc"] >= REPACK_MIN_K
                       and self.g.types[self.core.inputs[1]].dtype == DType.FLOAT32)
-        geometry = (tuple(geo["xs"]), tuple(geo["ws"]), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
+        xs_at = (hint(geo["xs"][0]), *geo["xs"][1:])  # the batch at the representative binding
+        geometry = (xs_at, tuple(geo["ws"]), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
                     tuple(win.dilations), (geo["groups"],))
         # one plane (no depth, no depth padding, no negative pads, which crop): split into its stride phases, the padded
         # input makes output positions an affine walk for every tap, so the taps can be read in place
@@ -234,7 +239,7 @@ class _Conv:
                      and taps_fit(geo["ow"], pitch, span_rows, self.k.chooser.machine.micro_kernel[0])
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
-        choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=geo["n_img"] * geo["groups"],
+        choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=hint(geo["n_img"]) * geo["groups"],
                                       geometry=geometry, taps=direct_ok, depthwise=depthwise_ok,
                                       repackable=repackable))
         self.k_pass = choice.kc
@@ -273,7 +278,7 @@ class _Conv:
         rows_per_tile = max(1, (DEPTHWISE_TILE_P if depthwise else TILE_P) // ow)
         rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
         pb = min(p, ow * rows_per_tile)
-        mb = _channel_block(mg, geo["n_img"] * geo["groups"] * -(-p // pb), packed)
+        mb = _channel_block(mg, hint(geo["n_img"]) * geo["groups"] * -(-p // pb), packed)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
         direct = None
         span = False
@@ -296,12 +301,13 @@ class _Conv:
         if late:
             over: dict[str, Override] = {y: lambda ix_, blk: f"{ybuf}[{ix.linear(ix_, ys)}]"}
             self.epilogue.append(self._nest(over).render(late))
-        parallel = 2 * geo["n_img"] * geo["m"] * p * geo["kc"] >= PARALLEL_MIN_FLOPS
+        parallel = at_least(2 * geo["n_img"] * geo["m"] * p * geo["kc"], PARALLEL_MIN_FLOPS)  # per call: batch
         im2col, kc = geo["im2col"], geo["kc"]
         # one image, one group, one block of positions: every channel block needs the same im2col matrix
         # (or taps' slab), computed once by all threads into scratch instead of once per task (ResNet's
         # 14 x 14 stride-2 layer: 4 tasks each copying all 460 KB of its slab, 16 % of the kernel under perf)
-        shared_input = parallel and geo["n_img"] * geo["groups"] == 1 and tiles_p == 1 and tiles_m > 1
+        shared_input = (parallel is True and geo["n_img"] == 1 and geo["groups"] == 1 and tiles_p == 1
+                        and tiles_m > 1)
         shared_col = (k.scratch(kc * p * 4) if shared_input and im2col and direct is None and not depthwise
                       else None)
         shared_slab = k.scratch(direct.slab_bytes) if shared_input and direct is not None else None
@@ -399,7 +405,7 @@ class _Conv:
         oh, ow = ys[2], ys[3]
         stride, pad, reach = pw_.strides[0], pw_.pad_begin[0], (pw_.kernel[0] - 1) * pw_.dilations[0] + 1
         poh = ps[2]
-        mg, n_img, groups = geo["mg"], geo["n_img"], geo["groups"]
+        mg, n_img, groups = geo["mg"], hint(geo["n_img"]), geo["groups"]  # n_img: for choosing blocks
 
         def rows_of(blk: int) -> int:  # convolution rows a block of blk pooled rows reaches
             return min(oh, (blk - 1) * stride + reach)
@@ -447,7 +453,7 @@ class _Conv:
         stripes = min(chunks, -(-MIN_TASKS // (n_img * groups * tiles_m)))  # per image, group and channel block
         per = -(-chunks // stripes)
         xs, ws = geo["xs"], geo["ws"]
-        flops = 2 * n_img * geo["m"] * geo["p"] * geo["kc"]
+        parallel = at_least(2 * geo["n_img"] * geo["m"] * geo["p"] * geo["kc"], PARALLEL_MIN_FLOPS)
         direct = None
         col_floats = geo["kc"] * pb if geo["im2col"] else 0
         if choice.taps:  # the block's input rows, read in place (see _render_tiles)
@@ -460,10 +466,10 @@ class _Conv:
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"{how}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
-            prologue=self.prologue, epilogue=[], parallel=flops >= PARALLEL_MIN_FLOPS, shared_col=None,
+            prologue=self.prologue, epilogue=[], parallel=parallel, shared_col=None,
             shared_slab=None,
             tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
-            batch=n_img, tiles_m=tiles_m, tiles_p=-(-chunks // per), mb=mb, pb=pb, c_ptr="tile_t" if packed else "tile",
+            batch=geo["n_img"], tiles_m=tiles_m, tiles_p=-(-chunks // per), mb=mb, pb=pb, c_ptr="tile_t" if packed else "tile",
             ldc=ldc, channels_out=geo["m"],
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],

@@ -141,8 +141,8 @@ def render_plan(plan: Plan, templates: TemplateSet | None = None, registry: OpRe
 # kernel kinds that render with sizes known only at run time (the others: one library per binding);
 # of the opaque ops, the ones whose renderers do (each tested at several bindings)
 RUN_TIME_SIZE_KINDS = frozenset({"pointwise", "reduction", "multi_output", "view", "gemm_epilogue", "horizontal_gemm",
-                                 "opaque"})
-RUN_TIME_SIZE_OPAQUE_OPS = frozenset({"MatMul", "Gemm", "LSTM"})
+                                 "conv_epilogue", "opaque"})
+RUN_TIME_SIZE_OPAQUE_OPS = frozenset({"MatMul", "Gemm", "LSTM", "Conv"})
 
 
 def _render_symbolic(plan: Plan, templates: TemplateSet | None, registry: OpRegistry | None, profile: bool,
