@@ -169,7 +169,7 @@ def test_fuse_and_explain_plan_a_dynamic_model_for_every_size(capsys: pytest.Cap
     for argv, message in ((("bench", "bert-tiny", "--dynamic"), "runs or measures at fixed sizes"),
                           (("fuse", model, "--dynamic"), "--dynamic is for built-in models"),
                           (("fuse", "bert-tiny", "--dynamic", "--seq", "8"), "no fixed seq or batch"),
-                          (("explain", "resnet18", "--dynamic"), "only the transformers")):
+                          (("explain", "lstm", "--dynamic"), "only the transformers and CNNs")):
         code, _, err = cli(capsys, *argv)
         assert code == 2 and message in err, (argv, err)
 

@@ -252,23 +252,43 @@ def test_equal_integer_constants_of_different_shapes_stay_apart_in_the_egraph() 
     assert vec_text(np.array(0)) != vec_text(np.array([0]))
 
 
-@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny"])
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny", "resnet-tiny-bn"])
 def test_a_dynamic_builtin_model_bound_computes_what_the_static_build_does(name: str) -> None:
     from autofusion.models import ModelSizeError, build
     from autofusion.models.inputs import random_inputs
 
     graph = build(name, dynamic=True)
-    assert symbols_of(graph) == ("batch", "seq") and dict(graph.bounds) == {"seq": 64}
+    cnn = name.startswith("resnet")
+    assert symbols_of(graph) == (("batch",) if cnn else ("batch", "seq"))
+    assert dict(graph.bounds) == ({} if cnn else {"seq": 64})
     for batch, seq in ((1, 7), (2, 16), (1, 64)):
-        static = build(name, seq=seq, batch=batch)
+        static = build(name, seq=None if cnn else seq, batch=batch)
         feeds = random_inputs(static, seed=seq)
-        got, want = run_graph(bind(graph, {"batch": batch, "seq": seq}), feeds), run_graph(static, feeds)
+        got = run_graph(bind(graph, {"batch": batch} if cnn else {"batch": batch, "seq": seq}), feeds)
+        want = run_graph(static, feeds)
         for out in static.outputs:
             np.testing.assert_array_equal(got[out], want[out], err_msg=f"{name} {out} at {batch} x {seq}")
-    with pytest.raises(ModelSizeError, match="only the transformers"):
-        build("resnet18", dynamic=True)
+    with pytest.raises(ModelSizeError, match="only the transformers and CNNs"):
+        build("lstm-tiny", dynamic=True)
     with pytest.raises(ModelSizeError, match="no fixed seq"):
         build(name, seq=8, dynamic=True)
+
+
+def test_a_dynamic_resnet_runs_every_batch_on_one_library() -> None:
+    """The built-in ResNet with BatchNormalization kept (folded by the rules), a symbolic batch: one
+    library, batch 1, 2 and 3 against the reference of each."""
+    from autofusion.models import build
+    from autofusion.models.inputs import random_inputs
+
+    graph = build("resnet-tiny-bn", dynamic=True)
+    model = CompiledModel(optimize(graph), tune=False)
+    for batch in (1, 3, 2):
+        static = build("resnet-tiny-bn", batch=batch)
+        feeds = random_inputs(static, seed=batch)
+        want = run_graph(static, feeds)
+        got = model.run(feeds)
+        for out in static.outputs:
+            np.testing.assert_allclose(got[out], want[out], rtol=1e-4, atol=1e-4, err_msg=f"{out} at batch {batch}")
 
 
 @pytest.mark.parametrize("path", CNN_AND_LSTM, ids=[p.stem for p in CNN_AND_LSTM])

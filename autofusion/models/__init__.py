@@ -45,8 +45,9 @@ def build(name: str, seq: int | None = None, batch: int | None = None, seed: int
     state-dict names (``encoder.layer.0.attention.self.query.weight``) to arrays that replace the
     drawn ones, e.g. trained weights; linear weights used by MatMul/Gemm without transB are stored
     ``[in, out]`` as the exporter stores them. Raises UnknownModelError, ModelSizeError or
-    WeightError (all ValueError) with a message for the user. ``dynamic`` (transformers) leaves
-    ``batch`` and ``seq`` symbolic: one graph for every size (see autofusion.ir.symbolic).
+    WeightError (all ValueError) with a message for the user. ``dynamic`` (transformers and CNNs)
+    leaves ``batch`` and the transformers' ``seq`` symbolic: one graph for every size (see
+    autofusion.ir.symbolic).
     """
     return spec(name).build(seq, batch, seed, weights, dynamic)
 

@@ -54,8 +54,9 @@ class ModelSpec:
     def build(self, seq: int | None = None, batch: int | None = None, seed: int = 0,
               weights: Mapping[str, np.ndarray] | None = None, dynamic: bool = False) -> Graph:
         """The graph for ``seq``/``batch`` (defaults when None) with weights drawn from ``seed``;
-        ``weights`` replaces drawn ones by state-dict name. ``dynamic`` (transformers only) leaves
-        ``batch`` and ``seq`` symbolic, with ``seq`` bounded by the positions the model has."""
+        ``weights`` replaces drawn ones by state-dict name. ``dynamic`` (transformers and CNNs) leaves
+        ``batch`` symbolic and, in the transformers, ``seq`` too, bounded by the positions the model
+        has."""
         if dynamic:
             return self._build_dynamic(seq, batch, seed, weights)
         batch = self.default_batch if batch is None else batch
@@ -75,10 +76,12 @@ class ModelSpec:
 
     def _build_dynamic(self, seq: int | None, batch: int | None, seed: int,
                        weights: Mapping[str, np.ndarray] | None) -> Graph:
-        if self.max_seq is None:
-            raise ModelSizeError(f"{self.name}: only the transformers have dynamic sizes (batch and seq)")
+        if self.family == "lstm":  # unrolled over seq steps, its initial state a constant of the batch's size
+            raise ModelSizeError(f"{self.name}: only the transformers and CNNs have dynamic sizes")
         if seq is not None or batch is not None:
             raise ModelSizeError(f"{self.name}: a dynamic model has no fixed seq or batch")
+        if self.max_seq is None:  # a CNN: the batch alone is symbolic
+            return _build(self, 0, symbol("batch"), seed, weights)
         with bounded({"seq": self.max_seq}):  # position ids and the causal mask are prefixes of max_seq rows
             graph = _build(self, symbol("seq"), symbol("batch"), seed, weights)
         return graph.replace(bounds=FrozenMap({"seq": self.max_seq}))
