@@ -358,6 +358,8 @@ def test_a_symbolic_library_is_tuned_and_profiled_at_its_representative_sizes() 
         assert set(model.step_seconds()) == {g.name for g in model.plan.groups}
     with pytest.raises(RunError, match="input 'x' axis 1 is 65; the model takes \\[seq, 64\\]"):
         model.run({"x": np.zeros((3, 65), np.float32)})
+    with pytest.raises(RunError, match="input 'x': dtype float64, graph expects float32"):
+        model.run({"x": np.zeros((5, 64))})  # shapes seen before: the dtype is checked on every call all the same
 
 
 def test_calls_at_different_sizes_at_once_each_get_their_own_answer() -> None:

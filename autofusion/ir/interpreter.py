@@ -9,7 +9,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from autofusion.graph.dims import evaluate
 from autofusion.graph.graph import Graph
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
@@ -19,19 +18,16 @@ class InterpreterError(RuntimeError):
     """A feed is missing or mistyped, or an op failed on the given values."""
 
 
-def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray],
-                binding: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Feeds as arrays of exactly the declared shapes (symbolic sizes at ``binding``) and dtypes, or
-    InterpreterError."""
+def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds as arrays of exactly the declared shapes and dtypes, or InterpreterError."""
     out: dict[str, np.ndarray] = {}
     for name in graph.inputs:
         if name not in feeds:
             raise InterpreterError(f"missing input {name!r}")
         t = graph.types[name]
         arr = np.asarray(feeds[name])
-        shape = tuple(evaluate(d, binding) for d in t.shape) if binding else t.shape
-        if tuple(arr.shape) != shape:
-            raise InterpreterError(f"input {name!r}: shape {tuple(arr.shape)}, graph expects {shape}")
+        if tuple(arr.shape) != t.shape:
+            raise InterpreterError(f"input {name!r}: shape {tuple(arr.shape)}, graph expects {t.shape}")
         if arr.dtype != t.dtype.numpy:
             raise InterpreterError(f"input {name!r}: dtype {arr.dtype}, graph expects {t.dtype}")
         out[name] = arr

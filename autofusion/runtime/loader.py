@@ -111,12 +111,10 @@ class WorkspacePool:
         return None
 
 
-def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray],
-                  binding: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Feeds as contiguous arrays of the declared shapes (symbolic sizes at ``binding``) and dtypes,
-    or RunError."""
+def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds as contiguous arrays of the declared shapes and dtypes, or RunError."""
     try:
-        arrays = check_feeds(graph, feeds, binding)
+        arrays = check_feeds(graph, feeds)
     except InterpreterError as e:
         raise RunError(str(e)) from None
     return {k: np.ascontiguousarray(v) for k, v in arrays.items()}

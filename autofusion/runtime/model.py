@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,6 @@ from autofusion.runtime.loader import (
     LibraryContext,
     RunError,
     WorkspacePool,
-    checked_feeds,
     default_threads,
     load_library,
     pointer_array,
@@ -28,6 +30,18 @@ from autofusion.runtime.loader import (
 from autofusion.runtime.sanitize import refusal, sanitizer_loaded
 from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
 from autofusion.runtime.tuning import Progress, Tuner, render_tuned, tune_by_default
+
+CALL_SHAPES_KEPT = 64  # input shapes whose sizes, output shapes and workspace a model remembers
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What a call with one set of input shapes needs, worked out once for those shapes."""
+
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    sizes: np.ndarray | None  # the binding, in af_run_sized's order (None: a static library)
+    workspace_bytes: int
 
 
 class CompiledModel:
@@ -83,6 +97,13 @@ class CompiledModel:
         self.workspaces = WorkspacePool(self.source.buffers.workspace_bytes, max_concurrent)
         graph = plan.graph
         self._out_specs = [(o, graph.types[o].shape, graph.types[o].dtype.numpy) for o in graph.outputs]
+        self._in_dtypes = [graph.types[i].dtype.numpy for i in graph.inputs]
+        self._calls: OrderedDict[tuple[object, ...], _Call] = OrderedDict()  # by the feeds' shapes
+        self._calls_lock = threading.Lock()
+        if not self.symbols:
+            self._calls[()] = _Call(tuple(graph.types[i].shape for i in graph.inputs),  # type: ignore[misc]
+                                    tuple(shape for _, shape, _ in self._out_specs),  # type: ignore[misc]
+                                    None, self.source.buffers.workspace_bytes)
 
     @property
     def peak_bytes(self) -> int:
@@ -123,19 +144,18 @@ class CompiledModel:
 
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run the model on ``feeds``; RunError when a feed is missing or mistyped."""
-        graph = self.plan.graph
-        binding = self.binding(feeds)
-        arrays = checked_feeds(graph, feeds, binding)
-        inputs = [arrays[name] for name in graph.inputs]
-        outputs = [np.empty(tuple(evaluate(d, binding) for d in shape), dtype) for _, shape, dtype in self._out_specs]
+        call = self._call(feeds)
+        inputs = self._inputs(feeds, call)
+        outputs = [np.empty(shape, dtype) for shape, (_, _, dtype) in zip(call.out_shapes, self._out_specs)]
         in_ptrs, out_ptrs = pointer_array(inputs), pointer_array(outputs)
         nt = default_threads(threads) if threads is not None else self.threads
-        if binding:
-            rc = self._run_sized(binding, in_ptrs, out_ptrs, nt)
-        else:
-            with self.workspaces.lease() as workspace:
+        with self.workspaces.lease(call.workspace_bytes) as workspace:
+            if call.sizes is None:
                 rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
                                       ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
+            else:
+                rc = self._lib.af_run_sized(self._ctx, call.sizes.ctypes.data, ctypes.cast(in_ptrs, ctypes.c_void_p),
+                                            ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
         if rc != 0:
             raise RunError(f"af_run returned {rc}")
         result: dict[str, np.ndarray] = {}
@@ -143,16 +163,42 @@ class CompiledModel:
             result.setdefault(name, arr)
         return result
 
-    def _run_sized(self, binding: Mapping[str, int], in_ptrs: ctypes.Array[ctypes.c_void_p],
-                   out_ptrs: ctypes.Array[ctypes.c_void_p], threads: int) -> int:
-        """One call of the library over symbolic sizes, its workspace placed for ``binding``."""
+    def _call(self, feeds: Mapping[str, np.ndarray]) -> _Call:
+        """The call for the feeds' shapes: remembered, else worked out (RunError where they contradict
+        the graph); a static library has one."""
+        if not self.symbols:
+            return self._calls[()]
+        key = tuple(np.shape(feeds[n]) if n in feeds else None for n in self.plan.graph.inputs)
+        with self._calls_lock:
+            found = self._calls.get(key)
+        if found is not None:
+            return found
+        binding = self.binding(feeds)
         sizes = np.array([binding[s] for s in self.symbols], np.int64)
         need = int(self._lib.af_workspace_bytes_sized(sizes.ctypes.data))
         if need < 0:
             raise MemoryError("the library could not place its workspace")
-        with self.workspaces.lease(need) as workspace:
-            return int(self._lib.af_run_sized(self._ctx, sizes.ctypes.data, ctypes.cast(in_ptrs, ctypes.c_void_p),
-                                              ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, threads))
+        call = _Call(tuple(key),  # type: ignore[arg-type]
+                     tuple(tuple(evaluate(d, binding) for d in shape) for _, shape, _ in self._out_specs), sizes, need)
+        with self._calls_lock:
+            self._calls[key] = call
+            while len(self._calls) > CALL_SHAPES_KEPT:
+                self._calls.popitem(last=False)
+        return call
+
+    def _inputs(self, feeds: Mapping[str, np.ndarray], call: _Call) -> list[np.ndarray]:
+        """The feeds as contiguous arrays in input order; RunError for one missing or mistyped."""
+        graph, arrays = self.plan.graph, []
+        for name, shape, dtype in zip(graph.inputs, call.in_shapes, self._in_dtypes):
+            if name not in feeds:
+                raise RunError(f"missing input {name!r}")
+            arr = np.asarray(feeds[name])
+            if arr.shape != shape:
+                raise RunError(f"input {name!r}: shape {arr.shape}, graph expects {shape}")
+            if arr.dtype != dtype:
+                raise RunError(f"input {name!r}: dtype {arr.dtype}, graph expects {graph.types[name].dtype}")
+            arrays.append(np.ascontiguousarray(arr))
+        return arrays
 
 
 def runnable_toolchain(toolchain: Toolchain | None) -> Toolchain:
