@@ -51,7 +51,8 @@ def _sizes(texts: list[str]) -> dict[str, int]:
     return sizes
 
 
-def bench_model(name: str, sizes: list[str], rounds: int, runs: int, tune: bool) -> dict[str, Any]:
+def bench_model(name: str, sizes: list[str], rounds: int, runs: int, tune: bool,
+                priced_at: dict[str, int] | None = None) -> dict[str, Any]:
     calls = {"n": 0}
     real = compiled.compile_library
 
@@ -61,7 +62,7 @@ def bench_model(name: str, sizes: list[str], rounds: int, runs: int, tune: bool)
 
     compiled.compile_library = counted  # type: ignore[assignment]
     try:
-        one = CompiledModel(optimize(models.build(name, dynamic=True)), tune=tune)
+        one = CompiledModel(optimize(models.build(name, dynamic=True), sizes=priced_at), tune=tune)
         after_first = calls["n"]
         results = []
         for text in sizes:
@@ -84,7 +85,8 @@ def bench_model(name: str, sizes: list[str], rounds: int, runs: int, tune: bool)
                   f"ratio {ratio:.3f} (median of {rounds} round ratios), compiles {new_compiles}", flush=True)
     finally:
         compiled.compile_library = real  # type: ignore[assignment]
-    return {"model": name, "one_library": str(one.library_path), "first_compiles": after_first, "sizes": results}
+    return {"model": name, "one_library": str(one.library_path), "first_compiles": after_first,
+            "priced_at": one.plan.stats.get("priced_at"), "sizes": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--runs", type=int, default=10, help="runs per round and model")
     p.add_argument("--no-tune", action="store_true", help="the untuned default cores for both")
+    p.add_argument("--priced-at", help="NAME=N[,NAME=N]: the sizes the one library is optimized and tuned for "
+                   "(optimize(sizes=...); default: each size's bound, 128 where it has none, and 1)")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     import platform
@@ -101,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"cpu": _cpu(), "machine": platform.machine(), "models": []}
     for name in args.models:
         sizes = args.sizes or DEFAULT_SIZES.get(name, ["seq=128"])
-        out["models"].append(bench_model(name, sizes, args.rounds, args.runs, not args.no_tune))
+        priced_at = _sizes(args.priced_at.split(",")) if args.priced_at else None
+        out["models"].append(bench_model(name, sizes, args.rounds, args.runs, not args.no_tune, priced_at))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")

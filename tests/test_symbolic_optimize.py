@@ -10,7 +10,7 @@ import pytest
 from dynamic_models import CNN_AND_LSTM, DYNAMIC, dynamic_feeds, other_feeds
 
 from autofusion import optimize
-from autofusion.codegen import CodegenError
+from autofusion.codegen import CodegenError, render_plan
 from autofusion.decide.binding import bind_plan
 from autofusion.decide.explain import explain_report
 from autofusion.dsl.guards import Bindings, Call, Compare, IntLit, ListLit, Name, verdict
@@ -391,3 +391,22 @@ def test_calls_at_different_sizes_at_once_each_get_their_own_answer() -> None:
         th.join()
     assert problems == []
 
+
+
+def test_cores_are_chosen_for_a_typical_call_or_the_sizes_given() -> None:
+    """Without sizes, a GEMM over run-time rows is chosen (and tuned) at 128 rows, not at the 512 x 128
+    the bounds allow, and a convolution at one image; optimize(sizes=...) names the sizes instead."""
+    from autofusion.models import build
+
+    b = GraphBuilder("dense")
+    x = b.input("x", (BATCH, SEQ, 64))
+    w = b.const(np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32))
+    graph = with_bounds(b.build([b.op("Relu", b.op("MatMul", x, w))]), {"seq": 512})
+
+    def specs(plan: object) -> list[tuple[int, int]]:
+        return [(spec.m, spec.calls) for k in render_plan(plan).kernels for spec, _ in k.cores]  # type: ignore[arg-type]
+
+    assert specs(optimize(graph)) == [(128, 1)]
+    assert specs(optimize(graph, sizes={"batch": 2, "seq": 300})) == [(600, 1)]
+    cnn = optimize(build("resnet-tiny", dynamic=True))
+    assert {spec.calls for k in render_plan(cnn).kernels for spec, _ in k.cores if spec.kind == "conv"} == {1}

@@ -37,7 +37,7 @@ from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
-from autofusion.codegen.sizes import at_least, hint
+from autofusion.codegen.sizes import TYPICAL_IMAGES, at_least, typical
 from autofusion.codegen.views import strided_view
 from autofusion.graph.graph import Node
 from autofusion.graph.types import DType
@@ -224,7 +224,7 @@ class _Conv:
         # a weight given at run time (training, a gradient's Convs) packed into the same panels per call
         repackable = (weight is None and pool is None and mg >= PACKED_MIN_COLUMNS and geo["kc"] >= REPACK_MIN_K
                       and self.g.types[self.core.inputs[1]].dtype == DType.FLOAT32)
-        xs_at = (hint(geo["xs"][0]), *geo["xs"][1:])  # the batch at the representative binding
+        xs_at = (typical(geo["xs"][0], TYPICAL_IMAGES), *geo["xs"][1:])  # a symbolic batch at a typical call
         geometry = (xs_at, tuple(geo["ws"]), tuple(win.strides), tuple(win.pad_begin) + tuple(win.pad_end),
                     tuple(win.dilations), (geo["groups"],))
         # one plane (no depth, no depth padding, no negative pads, which crop): split into its stride phases, the padded
@@ -239,7 +239,7 @@ class _Conv:
                      and taps_fit(geo["ow"], pitch, span_rows, self.k.chooser.machine.micro_kernel[0])
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
-        choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=hint(geo["n_img"]) * geo["groups"],
+        choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=xs_at[0] * geo["groups"],
                                       geometry=geometry, taps=direct_ok, depthwise=depthwise_ok,
                                       repackable=repackable))
         self.k_pass = choice.kc
@@ -278,7 +278,7 @@ class _Conv:
         rows_per_tile = max(1, (DEPTHWISE_TILE_P if depthwise else TILE_P) // ow)
         rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
         pb = min(p, ow * rows_per_tile)
-        mb = _channel_block(mg, hint(geo["n_img"]) * geo["groups"] * -(-p // pb), packed)
+        mb = _channel_block(mg, typical(geo["n_img"], TYPICAL_IMAGES) * geo["groups"] * -(-p // pb), packed)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
         direct = None
         span = False
@@ -405,7 +405,7 @@ class _Conv:
         oh, ow = ys[2], ys[3]
         stride, pad, reach = pw_.strides[0], pw_.pad_begin[0], (pw_.kernel[0] - 1) * pw_.dilations[0] + 1
         poh = ps[2]
-        mg, n_img, groups = geo["mg"], hint(geo["n_img"]), geo["groups"]  # n_img: for choosing blocks
+        mg, n_img, groups = geo["mg"], typical(geo["n_img"], TYPICAL_IMAGES), geo["groups"]  # for choosing blocks
 
         def rows_of(blk: int) -> int:  # convolution rows a block of blk pooled rows reaches
             return min(oh, (blk - 1) * stride + reach)

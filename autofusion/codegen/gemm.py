@@ -29,7 +29,7 @@ from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
-from autofusion.codegen.sizes import all_of, at_least, ceil_div, hint
+from autofusion.codegen.sizes import TYPICAL_CALLS, TYPICAL_ROWS, all_of, at_least, ceil_div, hint, typical
 from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view
 from autofusion.graph.dims import is_static
 from autofusion.graph.graph import Node
@@ -422,7 +422,7 @@ class _Gemm:
         else:
             mb = min(tile_m, m_total) if tile_m else max(1, m_total if m_total <= TILE_M * 3 // 2 else TILE_M)
         # symbolic rows: columns split as for a single row tile, so that few rows still give threads work
-        row_tiles = hint(n_batch * ceil_div(m_total, mb)) if is_static(m_total) else hint(n_batch)
+        row_tiles = hint(n_batch * ceil_div(m_total, mb)) if is_static(m_total) else typical(n_batch, TYPICAL_CALLS)
         width, panel = self._panel(seg)
         if tile_n:  # a packed weight is read in whole panels
             nb = min(hint(n), -(-tile_n // panel) * panel if seg.weight is not None else tile_n)
@@ -497,13 +497,14 @@ class _Gemm:
     def _choose_core(self, seg: _Segment) -> int:
         """Ask the chooser how to compute the product (codegen/cores.py); K per pass when packed.
         A constant weight left to sgemm stays unpacked (concatenated when several cores share A)."""
-        repackable = (seg.weight is None and not seg.drop_n and hint(seg.n) >= PACKED_MIN_COLUMNS
+        repackable = (seg.weight is None and not seg.drop_n and typical(seg.n, TYPICAL_ROWS) >= PACKED_MIN_COLUMNS
                       and not self._small_rows(seg))
         ta, _ = self._layout(seg, "a") or (False, 0)
         tb, _ = self._layout(seg, "b") or (False, 0)
-        # chosen for the sizes at the representative binding when they are symbolic
-        spec = CoreSpec("gemm", hint(seg.rows), hint(seg.n), hint(seg.k), packable=seg.weight is not None,
-                        calls=hint(seg.calls),
+        # chosen for a typical call when the sizes are symbolic (sizes.typical)
+        spec = CoreSpec("gemm", typical(seg.rows, TYPICAL_ROWS), typical(seg.n, TYPICAL_ROWS),
+                        typical(seg.k, TYPICAL_ROWS), packable=seg.weight is not None,
+                        calls=typical(seg.calls, TYPICAL_CALLS),
                         repackable=repackable, a_transposed=ta, b_transposed=tb and seg.weight is None)
         choice = self.k.core(spec)
         seg.repack = choice.impl == "repack"
@@ -527,7 +528,7 @@ class _Gemm:
         packing B would cost about as much as the product."""
         ta, _ = self._layout(seg, "a") or (True, 0)
         tb, _ = self._layout(seg, "b") or (True, 0)
-        return hint(seg.rows) <= SMALL_ROWS and not ta and not tb
+        return typical(seg.rows, TYPICAL_ROWS) <= SMALL_ROWS and not ta and not tb
 
     def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, direct: bool) -> dict[str, object]:
         """The epilogue of ``seg`` on columns [offset, offset + N) of the tile."""

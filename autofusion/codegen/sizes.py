@@ -25,6 +25,11 @@ SIZE_PREFIX = "S_"
 MAX_SIZES = 16  # symbols one library takes (af_sizes has this many slots)
 
 _hints: ContextVar[Mapping[str, int] | None] = ContextVar("_hints", default=None)
+_given: ContextVar[bool] = ContextVar("_given", default=True)
+# a typical call, for choices over sizes known at run time when optimize was given none (typical())
+TYPICAL_ROWS = 128  # a GEMM's rows or columns: beyond a few hundred, the large-M choice holds anyway
+TYPICAL_CALLS = 16  # products of a batched GEMM (batch x heads)
+TYPICAL_IMAGES = 1  # a convolution's batch: blocks that give every thread work at batch 1
 
 
 def c_names(symbols: tuple[str, ...]) -> dict[str, str]:
@@ -59,14 +64,17 @@ def for_c(graph: Graph, names: Mapping[str, str]) -> Graph:
 
 
 @contextmanager
-def hinting(binding: Mapping[str, int]) -> Iterator[None]:
+def hinting(binding: Mapping[str, int], given: bool = True) -> Iterator[None]:
     """Render with run-time sizes while open: every kernel reads the sizes ``binding`` names (C
-    names, in ``af_sizes`` order), and :func:`hint` evaluates sizes at its values."""
-    token = _hints.set(dict(binding))
+    names, in ``af_sizes`` order), and :func:`hint` evaluates sizes at its values. ``given``: the
+    user named these sizes (``optimize(sizes=...)``); else they are the model's largest, and
+    :func:`typical` takes smaller ones for choices that should fit a typical call."""
+    token, typical_token = _hints.set(dict(binding)), _given.set(given)
     try:
         yield
     finally:
         _hints.reset(token)
+        _given.reset(typical_token)
 
 
 def declared() -> list[tuple[str, int]]:
@@ -157,3 +165,11 @@ def hint(d: Any) -> int:
     if binding is None:
         raise ValueError(f"size {d} is symbolic and no representative binding is set")
     return evaluate(d, binding)
+
+
+def typical(d: Any, cap: int) -> int:
+    """:func:`hint`, at most ``cap`` for a size known only at run time whose representative value
+    is the model's largest (no sizes given to optimize): the rows of a GEMM or the images of a
+    convolution are chosen for (and tuned at) a typical call, not the largest the model allows."""
+    value = hint(d)
+    return value if is_static(d) or _given.get() else min(value, cap)

@@ -159,9 +159,10 @@ def _render_symbolic(plan: Plan, templates: TemplateSet | None, registry: OpRegi
     if len(symbols) > MAX_SIZES:
         raise CodegenError(f"graph {plan.graph.name!r} has {len(symbols)} symbolic sizes; a library takes {MAX_SIZES}")
     names = c_names(symbols)
-    at = representative_binding(plan.graph)
+    at = representative_binding(plan.graph, plan.stats.get("priced_at"))  # cores chosen where the plan was priced
     renamed = replace(plan, graph=for_c(plan.graph, names))
-    with hinting({names[s]: at[s] for s in symbols}):
+    given = not plan.stats.get("priced_also_at")  # optimize(sizes=...): the sizes the user expects
+    with hinting({names[s]: at[s] for s in symbols}, given):
         source = _assemble(renamed, templates or default_templates(), registry or plan.registry, profile, chooser,
                            names)
     return replace(source, units=tuple((name, c_powers(text)) for name, text in source.units))
