@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autofusion import models, optimize  # noqa: E402
+from autofusion.codegen.cores import cpu_model  # noqa: E402
 from autofusion.models.inputs import random_inputs  # noqa: E402
 from autofusion.runtime import CompiledModel  # noqa: E402
 from autofusion.runtime import model as compiled  # noqa: E402
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import platform
 
-    out = {"cpu": _cpu(), "machine": platform.machine(), "models": []}
+    out = {"cpu": cpu_model(), "machine": platform.machine(), "models": []}
     for name in args.models:
         sizes = args.sizes or DEFAULT_SIZES.get(name, ["seq=128"])
         priced_at = _sizes(args.priced_at.split(",")) if args.priced_at else None
@@ -111,16 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
