@@ -410,3 +410,41 @@ def test_cores_are_chosen_for_a_typical_call_or_the_sizes_given() -> None:
     assert specs(optimize(graph, sizes={"batch": 2, "seq": 300})) == [(600, 1)]
     cnn = optimize(build("resnet-tiny", dynamic=True))
     assert {spec.calls for k in render_plan(cnn).kernels for spec, _ in k.cores if spec.kind == "conv"} == {1}
+
+
+def test_the_c_entry_points_place_the_workspace_themselves_or_take_offsets_kept() -> None:
+    """af_run_sized places the workspace for each call's sizes; af_run_placed takes the offsets
+    af_place_sized gave for them once (what CompiledModel keeps per binding): same results."""
+    import ctypes
+
+    from autofusion.codegen.buffers import aligned_empty
+    from autofusion.runtime.loader import pointer_array
+
+    graph = _norm_block()
+    model = CompiledModel(optimize(graph))
+    lib = ctypes.CDLL(str(model.library_path))
+    lib.af_workspace_bytes_sized.restype = ctypes.c_int64
+    lib.af_workspace_bytes_sized.argtypes = [ctypes.c_void_p]
+    lib.af_create.argtypes = [ctypes.c_void_p]
+    lib.af_run_sized.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
+    lib.af_create.restype = ctypes.c_void_p
+    consts = [np.ascontiguousarray(a) for _, a in model.source.constants]
+    const_ptrs = pointer_array(consts)
+    ctx = lib.af_create(ctypes.cast(const_ptrs, ctypes.c_void_p))
+    try:
+        for batch, seq in ((1, 3), (2, 40)):
+            rng = np.random.default_rng(seq)
+            feeds = {n: rng.standard_normal((batch, seq, 16)).astype(np.float32) for n in graph.inputs}
+            want = model.run(feeds)
+            sizes = np.array([{"batch": batch, "seq": seq}[s] for s in model.symbols], np.int64)
+            workspace = aligned_empty(max(64, lib.af_workspace_bytes_sized(sizes.ctypes.data)))
+            outs = [np.empty_like(want[o]) for o in graph.outputs]
+            ins, out_ptrs = pointer_array([feeds[n] for n in graph.inputs]), pointer_array(outs)
+            rc = lib.af_run_sized(ctx, sizes.ctypes.data, ctypes.cast(ins, ctypes.c_void_p),
+                                  ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, 2)
+            assert rc == 0
+            for o, got in zip(graph.outputs, outs):
+                np.testing.assert_array_equal(got, want[o])
+    finally:
+        lib.af_destroy.argtypes = [ctypes.c_void_p]
+        lib.af_destroy(ctx)

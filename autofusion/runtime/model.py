@@ -41,6 +41,7 @@ class _Call:
     in_shapes: tuple[tuple[int, ...], ...]
     out_shapes: tuple[tuple[int, ...], ...]
     sizes: np.ndarray | None  # the binding, in af_run_sized's order (None: a static library)
+    offsets: np.ndarray | None  # where each workspace block goes at these sizes (af_place_sized)
     workspace_bytes: int
 
 
@@ -86,10 +87,11 @@ class CompiledModel:
         lib.af_run.restype = ctypes.c_int
         lib.af_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         if self.symbols:
-            lib.af_workspace_bytes_sized.restype = ctypes.c_int64
-            lib.af_workspace_bytes_sized.argtypes = [ctypes.c_void_p]
-            lib.af_run_sized.restype = ctypes.c_int
-            lib.af_run_sized.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
+            lib.af_place_sized.restype = ctypes.c_int64
+            lib.af_place_sized.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.af_num_blocks.restype = ctypes.c_int
+            lib.af_run_placed.restype = ctypes.c_int
+            lib.af_run_placed.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int]
         self._lib = lib
         self._context = LibraryContext(self, lib, self.source.constants)
         self._ctx = self._context.ctx
@@ -103,7 +105,7 @@ class CompiledModel:
         if not self.symbols:
             self._calls[()] = _Call(tuple(graph.types[i].shape for i in graph.inputs),  # type: ignore[misc]
                                     tuple(shape for _, shape, _ in self._out_specs),  # type: ignore[misc]
-                                    None, self.source.buffers.workspace_bytes)
+                                    None, None, self.source.buffers.workspace_bytes)
 
     @property
     def peak_bytes(self) -> int:
@@ -154,8 +156,10 @@ class CompiledModel:
                 rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
                                       ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
             else:
-                rc = self._lib.af_run_sized(self._ctx, call.sizes.ctypes.data, ctypes.cast(in_ptrs, ctypes.c_void_p),
-                                            ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
+                assert call.offsets is not None
+                rc = self._lib.af_run_placed(self._ctx, call.sizes.ctypes.data, call.offsets.ctypes.data,
+                                             ctypes.cast(in_ptrs, ctypes.c_void_p), ctypes.cast(out_ptrs, ctypes.c_void_p),
+                                             workspace.ctypes.data, nt)
         if rc != 0:
             raise RunError(f"af_run returned {rc}")
         result: dict[str, np.ndarray] = {}
@@ -175,11 +179,13 @@ class CompiledModel:
             return found
         binding = self.binding(feeds)
         sizes = np.array([binding[s] for s in self.symbols], np.int64)
-        need = int(self._lib.af_workspace_bytes_sized(sizes.ctypes.data))
+        offsets = np.zeros(max(1, int(self._lib.af_num_blocks())), np.int64)
+        need = int(self._lib.af_place_sized(sizes.ctypes.data, offsets.ctypes.data))
         if need < 0:
             raise MemoryError("the library could not place its workspace")
         call = _Call(tuple(key),  # type: ignore[arg-type]
-                     tuple(tuple(evaluate(d, binding) for d in shape) for _, shape, _ in self._out_specs), sizes, need)
+                     tuple(tuple(evaluate(d, binding) for d in shape) for _, shape, _ in self._out_specs), sizes,
+                     offsets, need)
         with self._calls_lock:
             self._calls[key] = call
             while len(self._calls) > CALL_SHAPES_KEPT:
