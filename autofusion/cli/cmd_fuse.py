@@ -34,7 +34,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="hardware profile of the analytic cost model (default cpu-2core)")
     p.add_argument("--size-cap", type=int, default=48, metavar="N", help="most ops in one kernel (default 48)")
     p.add_argument("--dynamic", action="store_true",
-                   help="a built-in transformer with batch and seq symbolic: one plan for every size")
+                   help="a built-in transformer (batch and seq) or CNN (batch) with its sizes symbolic: one "
+                        "plan for every size")
 
 
 def make_plan(args: argparse.Namespace, symbolic: bool = False) -> tuple[Any, Any]:
