@@ -297,3 +297,13 @@ def test_run_with_the_triton_backend_matches_the_reference(capsys: pytest.Captur
             np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
     code, out, _ = cli(capsys, "run", "gpt2-tiny", "--backend", "triton", "--no-tune")
     assert code == 0 and "launch configurations untuned" in out
+
+
+def test_info_describes_a_model_with_dynamic_axes_and_run_asks_for_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(Path(__file__).parent / "data" / "dynamic" / "bert_tiny_dyn_script.onnx")
+    report = cli_json(capsys, "info", path, "--json")
+    assert report["inputs"][0]["shape"] == ["batch", "seq"]
+    assert report["activation_bytes"]["at"] == {"batch": 128, "seq": 64} and report["activation_bytes"]["bytes"] > 0
+    code, _, err = cli(capsys, "run", path)
+    assert code == 2 and "has dynamic axes (batch, seq)" in err and "--dim batch=N --dim seq=N" in err
+

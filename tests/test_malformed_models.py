@@ -68,6 +68,9 @@ def test_a_negative_size_is_an_unknown_one_kept_symbolic() -> None:
 @pytest.mark.parametrize("command", ["info", "run"])
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_cli_exits_2_with_one_line(name: str, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if (name, command) == ("negative_dim.onnx", "info"):  # a dynamic axis: info describes it as it is
+        assert main([command, str(CORPUS / name)]) == 0 and "float32[x[0], 4]" in capsys.readouterr().out
+        return
     assert main([command, str(CORPUS / name)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("autofusion: error: ") and EXPECTED[name] in err

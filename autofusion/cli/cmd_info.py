@@ -35,8 +35,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("info needs a MODEL (a built-in name or an .onnx file), or --list")
     from autofusion.models import graph_stats
 
-    loaded = load_model(args)
+    loaded = load_model(args, symbolic=True)  # a model with dynamic axes is described as it is
     stats = graph_stats(loaded.graph)
+    activations, activations_text = _activations(loaded.graph, stats.activation_bytes)
     report: dict[str, Any] = {
         "model": loaded.source,
         "graph": loaded.graph.name,
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         "op_classes": dict(stats.op_classes),
         "parameters": {"count": stats.parameter_count, "bytes": stats.parameter_bytes},
         "other_constants": {"count": stats.other_constant_count, "bytes": stats.other_constant_bytes},
-        "activation_bytes": stats.activation_bytes,
+        "activation_bytes": activations,
         "inputs": [tensor_json(n, t) for n, t in stats.inputs],
         "outputs": [tensor_json(n, t) for n, t in stats.outputs],
     }
@@ -58,13 +59,27 @@ def run(args: argparse.Namespace) -> int:
         ("nodes", stats.nodes),
         ("parameters", f"{stats.parameter_count:,} ({human_bytes(stats.parameter_bytes)})"),
         ("other constants", f"{stats.other_constant_count:,} ({human_bytes(stats.other_constant_bytes)})"),
-        ("activations", human_bytes(stats.activation_bytes)),
+        ("activations", activations_text),
     ])
     out.table("inputs", ("name", "type"), [(n, type_text(t)) for n, t in stats.inputs])
     out.table("outputs", ("name", "type"), [(n, type_text(t)) for n, t in stats.outputs])
     out.table("op classes", ("class", "nodes"), list(stats.op_classes))
     out.table("ops", ("op", "nodes"), list(stats.op_histogram))
     return 0
+
+
+def _activations(graph: Any, total: Any) -> tuple[Any, str]:
+    """Activation bytes as JSON and text: a number, or for symbolic sizes the expression and its
+    value at the representative binding."""
+    if isinstance(total, int):
+        return total, human_bytes(total)
+    from autofusion.graph.dims import evaluate
+    from autofusion.ir.symbolic import representative_binding
+
+    at = representative_binding(graph)
+    value = evaluate(total, at)
+    where = ", ".join(f"{k}={v}" for k, v in at.items())
+    return {"expression": str(total), "at": at, "bytes": value}, f"{total} ({human_bytes(value)} at {where})"
 
 
 def _list_models(out: Output, as_json: bool) -> int:

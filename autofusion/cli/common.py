@@ -142,8 +142,15 @@ def load_model(args: argparse.Namespace, seed: int = 0, registry: OpRegistry | N
             raise CliError("--seq and --batch size built-in models; bind the symbolic dimensions of an "
                            ".onnx file with --dim NAME=N")
         from autofusion.frontends.onnx_import import load_onnx
+        from autofusion.frontends.onnx_proto import UnboundDimensionError
 
-        graph = load_onnx(model, dims=parse_dims(args.dim), registry=registry, feeds=feeds, symbolic=symbolic)
+        try:
+            graph = load_onnx(model, dims=parse_dims(args.dim), registry=registry, feeds=feeds, symbolic=symbolic)
+        except UnboundDimensionError as e:
+            flags = " ".join(f"--dim {name}=N" for name in e.names)
+            raise CliError(f"{model} has dynamic axes ({', '.join(e.names)}); this command runs or measures at fixed "
+                           f"sizes: give them ({flags}, or --inputs FILE for run); fuse, explain, viz and info take "
+                           "the model as it is") from None
         return LoadedModel(graph, model, builtin=False)
     if model not in models.builtin_names() and ("/" in model or "\\" in model or "." in model):
         raise CliError(f"no such file: {model} (and no built-in model of that name; built-in models: "
@@ -162,7 +169,7 @@ def type_text(t: TensorType) -> str:
 
 
 def tensor_json(name: str, t: TensorType) -> dict[str, Any]:
-    return {"name": name, "shape": list(t.shape), "dtype": str(t.dtype)}
+    return {"name": name, "shape": [d if isinstance(d, int) else str(d) for d in t.shape], "dtype": str(t.dtype)}
 
 
 def human_bytes(n: int) -> str:

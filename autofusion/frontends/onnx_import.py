@@ -24,6 +24,7 @@ import onnx
 from autofusion.frontends.onnx_proto import (
     ModelSource,
     OnnxImportError,
+    UnboundDimensionError,
     constant_node_value,
     default_opset,
     element_type,
@@ -221,9 +222,10 @@ def _input_types(graph: onnx.GraphProto, names: Sequence[str], dims: Mapping[str
         listed = ", ".join(f"{sym!r} (in {', '.join(map(repr, users))})" for sym, users in unbound.items())
         example = ", ".join(f'"{sym}": N' for sym in unbound)
         flags = " ".join(f"--dim {sym}=N" for sym in unbound)
-        raise OnnxImportError(f"unbound symbolic dimension(s) {listed}: running needs their sizes; bind them "
-                              f"with dims={{{example}}} (command line: {flags}, or --inputs FILE), or import "
-                              "with symbolic=True (the default) for one plan over every size")
+        raise UnboundDimensionError(f"unbound symbolic dimension(s) {listed}: running needs their sizes; bind "
+                                    f"them with dims={{{example}}} (command line: {flags}, or --inputs FILE), or "
+                                    "import with symbolic=True (the default) for one plan over every size",
+                                    tuple(unbound))
     return types
 
 

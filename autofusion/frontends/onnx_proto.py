@@ -29,6 +29,14 @@ class OnnxImportError(ValueError):
     """The ONNX model cannot be imported; the message says why and, where possible, what to do."""
 
 
+class UnboundDimensionError(OnnxImportError):
+    """A static import (``symbolic=False``) met dimensions nothing bound; ``names`` lists them."""
+
+    def __init__(self, message: str, names: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.names = names
+
+
 def load_model(source: Any, base_dir: str | os.PathLike[str] | None = None) -> tuple[ModelProto, str]:
     """The model and a short description of where it came from (for messages)."""
     if isinstance(source, ModelProto):

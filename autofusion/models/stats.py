@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from autofusion.graph.dims import Dim
 from autofusion.ir import Graph, TensorType
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
@@ -27,7 +28,7 @@ class GraphStats:
     parameter_bytes: int
     other_constant_count: int
     other_constant_bytes: int
-    activation_bytes: int
+    activation_bytes: Dim  # an expression over the sizes of a graph with symbolic ones
     inputs: tuple[tuple[str, TensorType], ...]
     outputs: tuple[tuple[str, TensorType], ...]
 
