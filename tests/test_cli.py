@@ -307,3 +307,10 @@ def test_info_describes_a_model_with_dynamic_axes_and_run_asks_for_sizes(capsys:
     code, _, err = cli(capsys, "run", path)
     assert code == 2 and "has dynamic axes (batch, seq)" in err and "--dim batch=N --dim seq=N" in err
 
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(capsys: pytest.CaptureFixture[str]) -> None:
+    def closed(args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert run_guarded(closed, argparse.Namespace()) == 141
+    assert capsys.readouterr().err == ""

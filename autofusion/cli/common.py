@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +56,10 @@ def run_guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except BrokenPipeError:  # the reader (`| head`) has all it wants: stop quietly, as a shell command does
+        with contextlib.suppress(OSError, ValueError):  # stdout may be no file (captured, replaced)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # flushing at exit must not fail again
+        return 141
     except expected_errors() as e:
         error(_message(e))
         return e.code if isinstance(e, CliError) else EXIT_USAGE
