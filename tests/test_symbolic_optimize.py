@@ -328,6 +328,7 @@ def test_one_library_serves_every_binding_without_compiling_again(monkeypatch: p
     graph = _norm_block()
     model = DynamicModel(optimize(graph))
     assert model.one_library_refused == "" and model.library_path is not None and model.compiles == 1
+    library = CompiledModel(model.plan)  # the same library, from the compile cache
     calls: list[object] = []
     monkeypatch.setattr(compiled, "compile_library", lambda *a, **k: calls.append(a))
     for batch, seq in ((1, 1), (2, 7), (3, 64), (1, 333), (2, 7)):
@@ -339,6 +340,8 @@ def test_one_library_serves_every_binding_without_compiling_again(monkeypatch: p
             assert got[out].shape == want[out].shape
             np.testing.assert_allclose(got[out], want[out], rtol=1e-5, atol=1e-6, err_msg=f"{out} at {batch} x {seq}")
     assert calls == [] and model.compiles == 1  # no compiler run for any new size
+    small, large = library.workspace_bytes({"batch": 1, "seq": 1}), library.workspace_bytes({"batch": 3, "seq": 64})
+    assert 0 < small < large and library.peak_bytes == library.workspace_bytes({"batch": 128, "seq": 128})
 
 
 def test_a_symbolic_library_is_tuned_and_profiled_at_its_representative_sizes() -> None:

@@ -16,7 +16,7 @@ from autofusion.codegen.superkernel import LibrarySource, render_plan
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import Plan
 from autofusion.graph.dims import evaluate
-from autofusion.ir.symbolic import BindError, binding_of_shapes, symbols_of
+from autofusion.ir.symbolic import BindError, binding_of_shapes, representative_binding, symbols_of
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
 from autofusion.runtime.loader import (
@@ -112,7 +112,20 @@ class CompiledModel:
         """Peak activation memory of the plan's buffer plan (workspace bytes; for symbolic sizes, at
         the representative binding)."""
         assert self.source.buffers is not None
-        return self.source.buffers.peak_bytes
+        if not self.symbols:
+            return self.source.buffers.peak_bytes
+        at = representative_binding(self.plan.graph, self.plan.stats.get("priced_at"))
+        return self.workspace_bytes(at)
+
+    def workspace_bytes(self, binding: Mapping[str, int]) -> int:
+        """The workspace a call at ``binding`` (a size for each symbol) takes; for a static plan, its
+        one workspace."""
+        if not self.symbols:
+            assert self.source.buffers is not None
+            return self.source.buffers.workspace_bytes
+        sizes = np.array([binding[s] for s in self.symbols], np.int64)
+        offsets = np.zeros(max(1, int(self._lib.af_num_blocks())), np.int64)
+        return int(self._lib.af_place_sized(sizes.ctypes.data, offsets.ctypes.data))
 
     def binding(self, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
         """The sizes ``feeds`` give each symbol ({} for a static plan); RunError naming the input and
