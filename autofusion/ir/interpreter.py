@@ -5,7 +5,7 @@ It defines what every op means; every later stage is checked against it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -18,16 +18,19 @@ class InterpreterError(RuntimeError):
     """A feed is missing or mistyped, or an op failed on the given values."""
 
 
-def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Feeds as arrays of exactly the declared shapes and dtypes, or InterpreterError."""
+def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray],
+                shapes: Sequence[tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """Feeds as arrays of exactly the declared shapes (or ``shapes``, one per input, for a graph whose
+    sizes are symbolic) and dtypes, or InterpreterError."""
     out: dict[str, np.ndarray] = {}
-    for name in graph.inputs:
+    for i, name in enumerate(graph.inputs):
         if name not in feeds:
             raise InterpreterError(f"missing input {name!r}")
         t = graph.types[name]
         arr = np.asarray(feeds[name])
-        if tuple(arr.shape) != t.shape:
-            raise InterpreterError(f"input {name!r}: shape {tuple(arr.shape)}, graph expects {t.shape}")
+        shape = t.shape if shapes is None else shapes[i]
+        if tuple(arr.shape) != shape:
+            raise InterpreterError(f"input {name!r}: shape {tuple(arr.shape)}, graph expects {shape}")
         if arr.dtype != t.dtype.numpy:
             raise InterpreterError(f"input {name!r}: dtype {arr.dtype}, graph expects {t.dtype}")
         out[name] = arr

@@ -13,10 +13,9 @@ import numpy as np
 from autofusion.codegen.errors import CodegenError
 from autofusion.decide.binding import bind_plan
 from autofusion.decide.plan import Plan
-from autofusion.ir.symbolic import BindError, binding_of_shapes, is_symbolic, symbols_of
+from autofusion.ir.symbolic import is_symbolic, symbols_of
 from autofusion.kinds import KindError
-from autofusion.runtime.loader import RunError
-from autofusion.runtime.model import CompiledModel
+from autofusion.runtime.model import CompiledModel, feeds_binding
 
 
 class DynamicModel:
@@ -63,10 +62,7 @@ class DynamicModel:
     def binding(self, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
         """The sizes ``feeds`` give each symbol; RunError naming the input and axis if they contradict
         the graph (rank, a fixed size, a bound, two sizes for one symbol)."""
-        try:
-            return binding_of_shapes(self.plan.graph, {k: np.shape(v) for k, v in feeds.items()})
-        except BindError as e:
-            raise RunError(str(e)) from None
+        return feeds_binding(self.plan.graph, feeds)
 
     def model(self, binding: Mapping[str, int]) -> CompiledModel:
         """The compiled model of ``binding`` alone (compiled now if it is not loaded)."""

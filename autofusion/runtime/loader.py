@@ -111,10 +111,12 @@ class WorkspacePool:
         return None
 
 
-def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Feeds as contiguous arrays of the declared shapes and dtypes, or RunError."""
+def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray],
+                  shapes: Sequence[tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """Feeds as contiguous arrays of the declared shapes (or ``shapes``: see check_feeds) and dtypes,
+    or RunError."""
     try:
-        arrays = check_feeds(graph, feeds)
+        arrays = check_feeds(graph, feeds, shapes)
     except InterpreterError as e:
         raise RunError(str(e)) from None
     return {k: np.ascontiguousarray(v) for k, v in arrays.items()}

@@ -16,6 +16,7 @@ from autofusion.codegen.superkernel import LibrarySource, render_plan
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import Plan
 from autofusion.graph.dims import evaluate
+from autofusion.graph.graph import Graph
 from autofusion.ir.symbolic import BindError, binding_of_shapes, representative_binding, symbols_of
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.compiler import compile_library
@@ -23,6 +24,7 @@ from autofusion.runtime.loader import (
     LibraryContext,
     RunError,
     WorkspacePool,
+    checked_feeds,
     default_threads,
     load_library,
     pointer_array,
@@ -64,9 +66,10 @@ class CompiledModel:
     A plan over symbolic sizes (``optimize(load_onnx(path))`` of a model with dynamic axes) compiles
     into one library that serves every binding: ``run`` reads the sizes off the feeds (a shape that
     contradicts the graph is a RunError naming the input and axis), and each call's workspace is
-    placed for its sizes. Its cores are chosen (or tuned) at the representative binding the plan was
-    priced at. A plan whose kernels cannot all take run-time sizes is a CodegenError here;
-    :class:`autofusion.runtime.DynamicModel` then compiles one library per binding.
+    placed for its sizes. Its cores are chosen (or tuned) at the sizes given to
+    ``optimize(sizes=...)``, else for a typical call (codegen/sizes.py ``typical``). A plan whose
+    kernels cannot all take run-time sizes is a CodegenError here; :class:`autofusion.runtime.DynamicModel`
+    then compiles one library per binding.
     """
 
     def __init__(self, plan: Plan, threads: int | None = None, cache: CompileCache | str | Path | None = None,
@@ -99,13 +102,12 @@ class CompiledModel:
         self.workspaces = WorkspacePool(self.source.buffers.workspace_bytes, max_concurrent)
         graph = plan.graph
         self._out_specs = [(o, graph.types[o].shape, graph.types[o].dtype.numpy) for o in graph.outputs]
-        self._in_dtypes = [graph.types[i].dtype.numpy for i in graph.inputs]
         self._calls: OrderedDict[tuple[object, ...], _Call] = OrderedDict()  # by the feeds' shapes
         self._calls_lock = threading.Lock()
-        if not self.symbols:
-            self._calls[()] = _Call(tuple(graph.types[i].shape for i in graph.inputs),  # type: ignore[misc]
-                                    tuple(shape for _, shape, _ in self._out_specs),  # type: ignore[misc]
-                                    None, None, self.source.buffers.workspace_bytes)
+        self._static_call = None if self.symbols else _Call(
+            tuple(graph.types[i].shape for i in graph.inputs),  # type: ignore[arg-type]
+            tuple(shape for _, shape, _ in self._out_specs),  # type: ignore[arg-type]
+            None, None, self.source.buffers.workspace_bytes)
 
     @property
     def peak_bytes(self) -> int:
@@ -123,19 +125,21 @@ class CompiledModel:
         if not self.symbols:
             assert self.source.buffers is not None
             return self.source.buffers.workspace_bytes
+        return self._placed(binding)[2]
+
+    def _placed(self, binding: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(sizes in af_sizes order, each workspace block's offset, workspace bytes) at ``binding``."""
         sizes = np.array([binding[s] for s in self.symbols], np.int64)
         offsets = np.zeros(max(1, int(self._lib.af_num_blocks())), np.int64)
-        return int(self._lib.af_place_sized(sizes.ctypes.data, offsets.ctypes.data))
+        need = int(self._lib.af_place_sized(sizes.ctypes.data, offsets.ctypes.data))
+        if need < 0:
+            raise MemoryError("the library could not place its workspace")
+        return sizes, offsets, need
 
     def binding(self, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
         """The sizes ``feeds`` give each symbol ({} for a static plan); RunError naming the input and
         axis where they contradict the graph (rank, a fixed size, a bound, two sizes for one symbol)."""
-        if not self.symbols:
-            return {}
-        try:
-            return binding_of_shapes(self.plan.graph, {k: np.shape(v) for k, v in feeds.items()})
-        except BindError as e:
-            raise RunError(str(e)) from None
+        return feeds_binding(self.plan.graph, feeds) if self.symbols else {}
 
     def step_seconds(self) -> dict[str, float]:
         """Seconds each group's step took in this thread's last ``run`` (a model built with
@@ -160,7 +164,8 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run the model on ``feeds``; RunError when a feed is missing or mistyped."""
         call = self._call(feeds)
-        inputs = self._inputs(feeds, call)
+        arrays = checked_feeds(self.plan.graph, feeds, call.in_shapes)
+        inputs = [arrays[name] for name in self.plan.graph.inputs]
         outputs = [np.empty(shape, dtype) for shape, (_, _, dtype) in zip(call.out_shapes, self._out_specs)]
         in_ptrs, out_ptrs = pointer_array(inputs), pointer_array(outputs)
         nt = default_threads(threads) if threads is not None else self.threads
@@ -183,19 +188,15 @@ class CompiledModel:
     def _call(self, feeds: Mapping[str, np.ndarray]) -> _Call:
         """The call for the feeds' shapes: remembered, else worked out (RunError where they contradict
         the graph); a static library has one."""
-        if not self.symbols:
-            return self._calls[()]
+        if self._static_call is not None:
+            return self._static_call
         key = tuple(np.shape(feeds[n]) if n in feeds else None for n in self.plan.graph.inputs)
         with self._calls_lock:
             found = self._calls.get(key)
         if found is not None:
             return found
         binding = self.binding(feeds)
-        sizes = np.array([binding[s] for s in self.symbols], np.int64)
-        offsets = np.zeros(max(1, int(self._lib.af_num_blocks())), np.int64)
-        need = int(self._lib.af_place_sized(sizes.ctypes.data, offsets.ctypes.data))
-        if need < 0:
-            raise MemoryError("the library could not place its workspace")
+        sizes, offsets, need = self._placed(binding)
         call = _Call(tuple(key),  # type: ignore[arg-type]
                      tuple(tuple(evaluate(d, binding) for d in shape) for _, shape, _ in self._out_specs), sizes,
                      offsets, need)
@@ -205,19 +206,14 @@ class CompiledModel:
                 self._calls.popitem(last=False)
         return call
 
-    def _inputs(self, feeds: Mapping[str, np.ndarray], call: _Call) -> list[np.ndarray]:
-        """The feeds as contiguous arrays in input order; RunError for one missing or mistyped."""
-        graph, arrays = self.plan.graph, []
-        for name, shape, dtype in zip(graph.inputs, call.in_shapes, self._in_dtypes):
-            if name not in feeds:
-                raise RunError(f"missing input {name!r}")
-            arr = np.asarray(feeds[name])
-            if arr.shape != shape:
-                raise RunError(f"input {name!r}: shape {arr.shape}, graph expects {shape}")
-            if arr.dtype != dtype:
-                raise RunError(f"input {name!r}: dtype {arr.dtype}, graph expects {graph.types[name].dtype}")
-            arrays.append(np.ascontiguousarray(arr))
-        return arrays
+
+def feeds_binding(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The sizes the arrays ``feeds`` give each of ``graph``'s symbols; RunError naming the input and
+    axis where they contradict the graph."""
+    try:
+        return binding_of_shapes(graph, {k: np.shape(v) for k, v in feeds.items()})
+    except BindError as e:
+        raise RunError(str(e)) from None
 
 
 def runnable_toolchain(toolchain: Toolchain | None) -> Toolchain:
