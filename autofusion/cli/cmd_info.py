@@ -14,6 +14,8 @@ from autofusion.cli.common import (
     tensor_json,
     type_text,
 )
+from autofusion.graph.dims import Dim
+from autofusion.ir import Graph
 
 
 def add_parser(subparsers: Any) -> None:
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _activations(graph: Any, total: Any) -> tuple[Any, str]:
+def _activations(graph: Graph, total: Dim) -> tuple[Any, str]:
     """Activation bytes as JSON and text: a number, or for symbolic sizes the expression and its
     value at the representative binding."""
     if isinstance(total, int):
