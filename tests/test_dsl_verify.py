@@ -148,3 +148,15 @@ def test_symbolic_sizes_are_drawn_beyond_the_trials_sizes() -> None:
     assert max(sizes.values()) > 8 and any(n.startswith("at sizes s") for n in d.notes)
     fixed = _registry_with("ShortTwice", lambda ctx: (ctx.type(0),), lambda xs, a: (xs[0] * 2,))
     assert analyze_text(text, "v.fuse", registry=fixed).diagnostics == []  # type: ignore[arg-type]
+
+
+def test_a_right_side_that_fails_to_run_at_drawn_sizes_says_so() -> None:
+    def short_only(xs: list, a: object) -> tuple:
+        if xs[0].shape[-1] > 8:
+            raise ValueError("rows longer than 8 are not supported")
+        return (xs[0] * 2,)
+
+    registry = _registry_with("ShortOnly", lambda ctx: (ctx.type(0),), short_only)
+    (d,) = analyze_text("rewrite twice: Add(x, x) => ShortOnly(x)\n", "v.fuse", registry=registry).diagnostics  # type: ignore[arg-type]
+    assert d.code == "F022" and "when sizes are symbolic: the right side fails to run" in d.message
+    assert "rows longer than 8" in d.message and max(d.data["sizes"].values()) > 8

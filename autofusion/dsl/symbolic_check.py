@@ -75,9 +75,10 @@ def check_symbolic(left: Graph, right: Graph, guard: g.Guard | None, env: Env, r
         return SymbolicMismatch(f"the left side gives {lt}, the right side {rt}", spelled, case_sizes)
     for binding in [case_sizes, *_drawn(case_sizes, rng)]:
         found = _run_both(sym_left, sym_right, binding, registry, rng, agree)
+        if isinstance(found, str):
+            return SymbolicMismatch(found, spelled, binding)
         if found is not None:
-            a, b = found
-            return SymbolicMismatch("", spelled, binding, a, b)
+            return SymbolicMismatch("", spelled, binding, *found)
     return None
 
 
@@ -122,8 +123,9 @@ def _drawn(sizes: Mapping[str, int], rng: np.random.Generator) -> list[dict[str,
 
 
 def _run_both(left: Graph, right: Graph, binding: Mapping[str, int], registry: OpRegistry,
-              rng: np.random.Generator, agree: Agree) -> tuple[np.ndarray, np.ndarray] | None:
-    """The two outputs at ``binding`` where they differ (or one side fails), else None."""
+              rng: np.random.Generator, agree: Agree) -> tuple[np.ndarray, np.ndarray] | str | None:
+    """The two outputs at ``binding`` where they differ, why the right side fails to run there where
+    the left side runs, else None."""
     try:
         bl, br = bind(left, binding, registry), bind(right, binding, registry)
     except BindError:
@@ -137,8 +139,8 @@ def _run_both(left: Graph, right: Graph, binding: Mapping[str, int], registry: O
         return None
     try:
         b = run_graph(br, {i: feeds[i] for i in br.inputs}, registry)[br.outputs[0]]
-    except InterpreterError:
-        return a, np.full((), np.nan, a.dtype)
+    except InterpreterError as e:
+        return f"the right side fails to run ({e})"
     return None if agree(a, b) else (a, b)
 
 
