@@ -277,8 +277,7 @@ def test_one_block_of_positions_copies_its_slab_once_for_every_channel_block() -
     threads, into the kernel's scratch (counted there), not once per channel block's task; each
     thread keeps only its offsets and tiles."""
     from autofusion.codegen import render_plan
-    from autofusion.codegen.conv import tap_slab, taps_span
-    from autofusion.codegen.cores import this_machine
+    from autofusion.codegen.conv import tap_slab
 
     b = GraphBuilder("conv_shared_slab")
     x = b.input("x", (1, 16, 15, 25))  # 8 output rows of 13: the taps form on every ISA
@@ -288,10 +287,7 @@ def test_one_block_of_positions_copies_its_slab_once_for_every_channel_block() -
     kernel = render_plan(plan).kernels[0]
     slab = tap_slab(16, 8, 13, (3, 3), (2, 2), (1, 1))
     assert "once for every channel block" in kernel.code and kernel.scratch_bytes == slab.slab_bytes
-    # rows of 13 are blocks of 4 + 4 + 5 with AVX2's 6-row kernel: its tiles hold the span at the slab's
-    # pitch (8 rows of 14 positions), padding columns included; AVX-512's 6 + 7 keep 8 rows of 13
-    spans = taps_span(13, slab.width, this_machine().micro_kernel[0])
-    tile = 64 * 8 * (slab.width if spans else 13)
+    tile = 64 * 8 * 13  # the tile holds the task's 8 rows of 13 positions, compact on every ISA
     assert kernel.thread_bytes == -(-16 * 9 * 4 // 64) * 64 + 2 * -(-tile * 4 // 64) * 64
 
 
@@ -397,7 +393,7 @@ TAPS_CASES = {
     "strides_2x3_asymmetric": dict(x=(1, 8, 14, 17), w=(32, 8, 3, 4), pads=(1, 0, 0, 2), strides=(2, 3)),
     "3x3_stride2_layer4": dict(x=(1, 32, 14, 14), w=(64, 32, 3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),
     "1d_stride3": dict(x=(2, 16, 51), w=(32, 16, 5), pads=(2, 1), strides=(3,)),
-    # rows of 14: one span per task at AVX2's pitch, per image of a batch, and dilated (pitch 18)
+    # rows of 14: AVX2's blocks across row ends, per image of a batch, and dilated (pitch 18)
     "14_wide_batch2": dict(x=(2, 16, 14, 14), w=(32, 16, 3, 3), pads=(1, 1, 1, 1)),
     "14_wide_dilation2": dict(x=(1, 16, 14, 14), w=(32, 16, 3, 3), pads=(2, 2, 2, 2), dilations=(2, 2)),
 }
@@ -406,7 +402,7 @@ TAPS_CASES = {
 @pytest.mark.parametrize("x_shape,pads,strides", [
     ((1, 8, 1, 9, 9), (1, 1, 1, 1, 1, 1), (3, 1, 1)),  # one output plane, its tap in the depth padding
     ((1, 8, 3, 9, 9), (1, 1, 1, 1, 1, 1), (3, 1, 1)),  # one output plane from the input's first
-    ((1, 8, 9, 3), (1, 1, 1, 1), (1, 1)),  # rows of 3: too few for a row block of the taps kernel
+    ((1, 8, 9, 5), (1, 1, 1, 1), (2, 2)),  # rows of 3, stride 2: too few for a block of the taps kernel
 ])
 def test_convolutions_the_taps_form_does_not_take(x_shape: tuple[int, ...], pads: tuple[int, ...],
                                                   strides: tuple[int, ...]) -> None:
@@ -434,13 +430,12 @@ def _taps_case(case: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, 
 
 def _takes_taps(case: str, block_rows: int) -> bool:
     """Whether a TAPS_CASES geometry's rows fit the taps kernel (else it takes im2col)."""
-    from autofusion.codegen.conv import slab_pitch, taps_fit
+    from autofusion.codegen.conv import taps_fit
 
-    _, ws, out_shape, attrs = _taps_case(case)
-    dilation, strides = attrs.get("dilations", (1,))[-1], attrs.get("strides", (1,))
-    pitch = slab_pitch(out_shape[-1], ws[-1], strides[-1], dilation)
-    span_rows = out_shape[-2] if len(out_shape) == 4 and set(strides) == {1} else 1  # spans against im2col: stride 1
-    return taps_fit(out_shape[-1], pitch, span_rows, block_rows)
+    _, _, out_shape, attrs = _taps_case(case)
+    strides = attrs.get("strides", (1,))
+    joined_rows = out_shape[-2] if len(out_shape) == 4 and set(strides) == {1} else 1  # blocks across rows: stride 1
+    return taps_fit(out_shape[-1], joined_rows, block_rows)
 
 
 @pytest.mark.parametrize("impl", ["taps", "packed", "blas"])
@@ -465,8 +460,7 @@ def test_convolutions_read_taps_in_place(case: str, impl: str) -> None:
     report = compare_outputs(run_graph(g, feeds), model.run(feeds))
     assert report.ok, report.summary()
     code = "\n".join(k.code for k in model.source.kernels)
-    # rows too narrow for the micro-kernel's row blocks take im2col, unless they run as one span
-    # (7 wide, stride 1, with AVX2's 6-row kernel)
+    # rows too narrow for the micro-kernel's blocks take im2col, unless blocks join rows (stride 1)
     taps = impl == "taps" and _takes_taps(case, model.chooser.machine.micro_kernel[0])
     assert ("af_sgemm_packed_taps(" in code) == taps
     assert ("im2col of the block" in code) == (not taps)
@@ -610,32 +604,32 @@ def test_tap_slab_splits_a_strided_input_into_the_phases_its_taps_read() -> None
 
 
 def test_taps_row_blocks_by_instruction_set() -> None:
-    """Rows are cut into blocks of at most the micro-kernel's rows, as even as they go: a 7-wide row
-    is one block of 7 with AVX-512's 12 rows, 4 + 3 with AVX2's 6 (too few: such rows run as one span)."""
-    from autofusion.codegen.conv import TAPS_MIN_BLOCK, taps_block
+    """Positions are cut into blocks of at most the micro-kernel's rows, as even as they go: a 7-wide
+    row alone is one block of 7 with AVX-512's 12 rows, 4 + 3 with AVX2's 6 (too few), and 7 such
+    rows joined are blocks of 5 and 6 (AVX2) or 9 and 10 (AVX-512)."""
+    from autofusion.codegen.conv import TAPS_MIN_BLOCK, taps_block, taps_fit
 
     assert [taps_block(w, 12) for w in (7, 14, 28, 56, 112)] == [7, 7, 9, 11, 11]
     assert [taps_block(w, 6) for w in (7, 14, 28, 56)] == [3, 4, 5, 5]
     assert taps_block(7, 6) < TAPS_MIN_BLOCK <= taps_block(7, 12)
+    assert (taps_block(49, 6), taps_block(49, 12), taps_block(196, 6)) == (5, 9, 5)
+    assert taps_fit(7, 7, 6) and not taps_fit(7, 1, 6) and taps_fit(7, 1, 12) and not taps_fit(3, 1, 12)
 
 
-def test_narrow_rows_run_the_taps_kernel_as_one_span() -> None:
-    """Rows whose row blocks would have at most 4 positions (14 wide: 5 + 5 + 4 of AVX2's 6 rows)
-    run a task's rows as one span at the slab's pitch, padding columns computed and skipped when the
-    tile is turned; wider rows, and AVX-512's blocks of 7, keep their own blocks. Built for AVX2 (any
-    x86-64 CPU with AVX-512 runs it too), against the reference, with a residual."""
-    from autofusion.codegen.conv import taps_span
+def test_narrow_rows_run_the_taps_kernel_in_blocks_across_row_ends() -> None:
+    """A task's positions are cut into the micro-kernel's blocks across row ends (7 wide: 49
+    positions as blocks of 5 and 6 with AVX2's 6-row kernel, not 4 + 3 per row), each block reading
+    its positions at the slab's pitch, C compact (no padding column computed). Built for AVX2 (any
+    x86-64 CPU with AVX-512 runs it too), rows of 7, 13, 14 and 28, against the reference, with a
+    residual; and af_sgemm_packed_taps alone at odd widths, pitches and channel counts."""
     from autofusion.codegen.cores import CoreChoice, FixedChooser, Machine
     from autofusion.runtime.toolchain import detect_toolchain
 
-    assert [taps_span(w, w + 2, 6) for w in (7, 8, 9, 13, 14, 20, 28, 56)] == [True] * 5 + [False] * 3
-    assert not any(taps_span(w, w + 2, 12) for w in (7, 13, 14, 28, 56))
-    assert not taps_span(3, 5, 6) and not taps_span(7, 10, 6)  # more padding than 30 % of a row
     tc = detect_toolchain(isa="avx2")
     if not tc.runnable:
         pytest.skip("this CPU cannot run avx2 code")
-    for hw, spans in ((7, True), (14, True), (28, False)):
-        b = GraphBuilder(f"span{hw}")
+    for hw in (7, 13, 14, 28):
+        b = GraphBuilder(f"joined{hw}")
         x, skip = b.input("x", (1, 32, hw, hw)), b.input("skip", (1, 64, hw, hw))
         y = b.op("Add", b.op("Relu", b.op("Conv", x, b.const(f32(64, 32, 3, 3) * np.float32(0.2)), b.const(f32(64)),
                                           pads=(1, 1, 1, 1))), skip)
@@ -647,8 +641,7 @@ def test_narrow_rows_run_the_taps_kernel_as_one_span() -> None:
         feeds = {"x": f32(1, 32, hw, hw), "skip": f32(1, 64, hw, hw)}
         report = compare_outputs(run_graph(g, feeds), model.run(feeds))
         assert report.ok, report.summary()
-        code = "\n".join(k.code for k in model.source.kernels)
-        assert "af_sgemm_packed_taps(" in code and ("as one span at the slab's pitch" in code) == spans
+        assert "af_sgemm_packed_taps(" in "\n".join(k.code for k in model.source.kernels)
 
 
 BATCH_CASES = {  # name: (x, w, attrs, impl, pooling op after Relu or "", weight given as an input)

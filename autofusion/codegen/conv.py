@@ -65,37 +65,22 @@ POOL_TILE_P = 512
 MAX_POOL_RECOMPUTE = 1.5  # blocks may compute at most this many convolution rows per output row
 
 
-# taps cut each output row into row blocks of the micro-kernel (af_sgemm_packed_taps); a block of
-# fewer rows has too few accumulators to cover the FMA latency (the AVX2 kernel's 7-wide rows: 4 + 3,
-# 2.0x OpenBLAS at 7 x 7): such rows run as one span across rows (taps_span), or take im2col
+# taps cut a task's output positions into blocks of the micro-kernel's rows, across row ends
+# (af_sgemm_packed_taps); a block of fewer rows has too few accumulators to cover the FMA latency (the
+# AVX2 kernel's blocks of 3, 2.0x OpenBLAS at 7 x 7 when each row was cut alone): such tasks take im2col
 TAPS_MIN_BLOCK = 4
-SPAN_MAX_PADDING = 0.3  # 7 wide at pitch 9 (3x3, stride 1) computes 2 padding positions per row of 7
-# a block of 4 rows x 2 vectors holds 8 accumulators, just the FMA latency of two units: rows cut into
-# such blocks run as a span (AVX2's 6-row kernel at 7, 13 and 14 wide). AVX-512's 12-row kernel cuts
-# ResNet's rows into blocks of 7 or more; walking its rows at the pitch was slower than im2col there
-# before rows were cut into blocks (docs/benchmarks.md, af_sgemm_packed_taps)
-SPAN_MAX_BLOCK = 4
 
 
-def taps_block(width: int, block_rows: int) -> int:
-    """The smallest row block af_sgemm_packed_taps cuts a row of ``width`` positions into."""
-    return width // -(-width // block_rows)
+def taps_block(positions: int, block_rows: int) -> int:
+    """The smallest block af_sgemm_packed_taps cuts ``positions`` output positions into."""
+    return positions // -(-positions // block_rows)
 
 
-def taps_span(width: int, pitch: int, block_rows: int) -> bool:
-    """Whether a task's output rows of ``width`` positions, ``pitch`` apart in the slab, run through
-    the taps kernel as one span at the pitch: where a row alone makes blocks of at most
-    SPAN_MAX_BLOCK positions, full blocks across the row ends are faster although they compute the
-    padding columns between rows too (14 wide, pitch 16, AVX2's 6-row kernel: 0.87-0.88x the time of
-    rows in blocks of 5, 5 and 4; C harness, Zen 3, one thread), unless the padding is more than
-    SPAN_MAX_PADDING of the row."""
-    return taps_block(width, block_rows) <= SPAN_MAX_BLOCK < block_rows and pitch <= width * (1 + SPAN_MAX_PADDING)
-
-
-def taps_fit(width: int, pitch: int, rows: int, block_rows: int) -> bool:
-    """Whether the taps kernel takes ``rows`` output rows of ``width`` positions: in row blocks of at
-    least TAPS_MIN_BLOCK positions, or as one span (rows 7 wide with AVX2's 6-row kernel)."""
-    return taps_block(width, block_rows) >= TAPS_MIN_BLOCK or (rows > 1 and taps_span(width, pitch, block_rows))
+def taps_fit(width: int, rows: int, block_rows: int) -> bool:
+    """Whether the taps kernel takes ``rows`` output rows of ``width`` positions: their blocks, cut
+    across row ends, hold at least TAPS_MIN_BLOCK positions (7-wide rows: blocks of 6 over 7 rows
+    with AVX2's 6-row kernel, where each row alone made 4 + 3)."""
+    return taps_block(rows * width, block_rows) >= TAPS_MIN_BLOCK
 
 
 # the window's numbers the template reads (see _Conv._geometry)
@@ -229,14 +214,13 @@ class _Conv:
                     tuple(win.dilations), (geo["groups"],))
         # one plane (no depth, no depth padding, no negative pads, which crop): split into its stride phases, the padded
         # input makes output positions an affine walk for every tap, so the taps can be read in place
-        # rows too short for row blocks run as one span, against im2col, only with stride 1, where im2col
-        # copies the input once per tap (7 x 7, 3x3: 0.81-0.89x im2col's time; stride 2 0.99-1.13x, 1x1
-        # stride 2 1.09-1.26x; Zen 3, in the model), and without a pooling epilogue, whose blocks keep
-        # their rows apart
-        span_rows = geo["oh"] if pool is None and (geo["sh"], geo["sw"]) == (1, 1) else 1
-        pitch = slab_pitch(geo["ow"], geo["kw"], geo["sw"], geo["dw"])
+        # rows too short for row blocks of their own take taps with blocks across row ends only with
+        # stride 1, where im2col copies the input once per tap (7 x 7, 3x3: 0.81-0.89x im2col's time;
+        # stride 2 0.99-1.13x, 1x1 stride 2 1.09-1.26x; Zen 3, in the model, measured when such blocks
+        # still computed the padding columns between rows), and without a pooling epilogue
+        joined_rows = geo["oh"] if pool is None and (geo["sh"], geo["sw"]) == (1, 1) else 1
         direct_ok = ((packable or repackable) and geo["im2col"] and geo["od"] == 1 and geo["kd"] == 1 and geo["pd"] == 0
-                     and taps_fit(geo["ow"], pitch, span_rows, self.k.chooser.machine.micro_kernel[0])
+                     and taps_fit(geo["ow"], joined_rows, self.k.chooser.machine.micro_kernel[0])
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=xs_at[0] * geo["groups"],
@@ -281,11 +265,9 @@ class _Conv:
         mb = _channel_block(mg, typical(geo["n_img"], TYPICAL_IMAGES) * geo["groups"] * -(-p // pb), packed)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
         direct = None
-        span = False
         if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
             direct = tap_slab(geo["cg"], pb // ow, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]),
                               (geo["dh"], geo["dw"]))
-            span = pb > ow and taps_span(ow, direct.width, self.k.chooser.machine.micro_kernel[0])
         if packed:  # the product's tile is [positions x channels]; the epilogue reads it turned channel-major
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
             c_ptr, ldc = "tile_t", pb
@@ -311,7 +293,7 @@ class _Conv:
         shared_col = (k.scratch(kc * p * 4) if shared_input and im2col and direct is None and not depthwise
                       else None)
         shared_slab = k.scratch(direct.slab_bytes) if shared_input and direct is not None else None
-        tile_floats = mb * (pb // ow * direct.width if span and direct else pb) if packed or not ybuf else 0
+        tile_floats = mb * pb if packed or not ybuf else 0
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
         if direct is not None:  # the slab and the offset table take the im2col block's place
             col_floats = ((0 if shared_slab is not None else direct.slab_bytes) + kc * 4) // 4
@@ -322,7 +304,7 @@ class _Conv:
             "conv_epilogue.c.j2", k_pass=self.k_pass,
             comment=c_comment_text(f"Conv {self.core.name}: {list(geo['xs'])} * {list(geo['ws'])} -> {list(ys)}, "
                                    f"group {geo['groups']}, {how}; epilogue per tile: {ops}"),
-            direct=direct, span=span, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
+            direct=direct, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
             parallel=parallel, shared_col=shared_col, shared_slab=shared_slab, tile_floats=tile_floats,
             col_bytes=col_bytes,
             tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
@@ -462,7 +444,7 @@ class _Conv:
         col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 3 if packed else 2)  # tile, pin (and tile_t)
         how = "taps read in place" if direct else "im2col " + ("yes" if geo["im2col"] else "no")
         return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, span=False, depthwise=False, runtime_pack=None,
+            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False, runtime_pack=None,
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"{how}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),
