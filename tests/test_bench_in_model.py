@@ -100,9 +100,13 @@ def test_bench_cores_in_model_matches_every_core_of_a_model(capsys: pytest.Captu
         ours, theirs = c["ms_per_instance"]["autofusion"], c["ms_per_instance"]["onnxruntime"]
         assert ours > 0 and theirs > 0 and c["ratio_vs_onnxruntime"] == pytest.approx(ours / theirs)
     assert data["totals_ms"]["autofusion"] >= sum(c["ms_per_instance"]["autofusion"] * c["instances"] for c in cores) * 0.999
+    # each runtime's whole run, wall clock, holds its kernels: the yardstick for the node sums
+    run = data["whole_run_ms"]
+    assert run["autofusion"] >= 0.8 * data["totals_ms"]["autofusion"] and run["onnxruntime"] > 0
     code = main(["bench-cores", "resnet-tiny", "--in-model", "--repeat", "1", "--rounds", "1", "--no-tune", "--top", "2"])
     out = capsys.readouterr().out
     assert code == 0 and "inside the whole model" in out and "ours/ort" in out
+    assert "whole runs while profiled (wall clock): ours" in out
 
 
 def test_a_product_onnxruntime_runs_in_parts_is_matched_to_them() -> None:

@@ -136,6 +136,11 @@ def _run_in_model(args: argparse.Namespace, loaded: Any, plan: Any) -> int:
     tot, rest = data["totals_ms"], data["outside_cores_ms"]
     out.line(f"all kernels: ours {tot['autofusion']:.2f} ms, onnxruntime's nodes {tot['onnxruntime']:.2f} ms; "
              f"outside the cores: ours {rest['autofusion']:.2f} ms, onnxruntime {rest['onnxruntime']:.2f} ms")
+    run = data["whole_run_ms"]
+    over = tot["onnxruntime"] / run["onnxruntime"] if run["onnxruntime"] > 0 else 0.0
+    out.line(f"whole runs while profiled (wall clock): ours {run['autofusion']:.2f} ms, onnxruntime "
+             f"{run['onnxruntime']:.2f} ms" + (f"; onnxruntime's nodes sum to {over:.2f}x its run, so its times "
+                                               "above may be overstated (ours/ort flattered)" if over > 1.02 else ""))
     for node, ms in data["unmatched_onnxruntime_nodes_ms"].items():
         out.line(f"onnxruntime node {node} ({ms:.3f} ms) computes a product the plan has no core for")
     out.line(f"load average before/after: {data['load_average_before']} / {data['load_average_after']}")
