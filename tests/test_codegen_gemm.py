@@ -314,48 +314,6 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
             _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
 
 
-TAPS_ENTRY = """void run(int rows, int ow, int pitch, int n, int k, int kc, float alpha, const float* a,
-         const int32_t* offs, const float* w, float* c, int ldc) {
-    af_sgemm_packed_taps(rows, ow, pitch, n, k, kc, alpha, a, offs, w, c, ldc);
-}"""
-
-
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
-def test_taps_kernel_blocks_across_row_ends_on_edge_shapes(tmp_path, isa: str) -> None:
-    """af_sgemm_packed_taps against numpy: output position x of row q reads A at q * pitch + x +
-    offs[p]; its blocks join the ends of rows (widths 1 to 13 over 1 to 7 rows, pitches beyond the
-    width, positions around the micro-kernel's rows), K in several passes, C compact with ldc beyond
-    n (the last columns untouched). A variant this CPU cannot run is compiled only."""
-    import ctypes
-
-    from autofusion.codegen.gemm import PACK_NR, pack_weights
-
-    run = _af_sgemm_library(tmp_path, TAPS_ENTRY, isa)
-    if run is None:
-        from autofusion.runtime.toolchain import detect_toolchain
-
-        assert not detect_toolchain(isa=isa).runnable  # compiled above; this CPU lacks the instructions
-        return
-    ptr, i32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int
-    run.argtypes = [i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr, ctypes.POINTER(ctypes.c_int32), ptr, ptr, i32]
-    rng = np.random.default_rng(7)
-    for rows, ow, pitch, n, k, kc in ((1, 1, 1, 1, 1, 64), (7, 7, 9, 40, 130, 64), (3, 13, 16, 17, 65, 32),
-                                      (2, 5, 5, 33, 9, 4), (5, 3, 6, 16, 200, 64), (1, 13, 13, 64, 27, 512),
-                                      (4, 12, 14, 31, 77, 25), (6, 2, 3, 8, 50, 50)):
-        w = f32(k, n)
-        packed = pack_weights(w, _slice_cols(isa), PACK_NR)
-        offs = rng.integers(0, 50, k).astype(np.int32)
-        a = f32((rows - 1) * pitch + ow + 50)
-        at = np.array([q * pitch + x for q in range(rows) for x in range(ow)])
-        expected = 0.5 * a[at[:, None] + offs[None, :]] @ w
-        c = np.full((rows * ow, n + 3), np.nan, np.float32)
-        run(rows, ow, pitch, n, k, kc, 0.5, a.ctypes.data_as(ptr), offs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-            packed.ctypes.data_as(ptr), c.ctypes.data_as(ptr), n + 3)
-        np.testing.assert_allclose(c[:, :n], expected, rtol=1e-4, atol=1e-4 * max(1.0, k ** 0.5 / 4),
-                                   err_msg=f"rows={rows} ow={ow} pitch={pitch} n={n} k={k} kc={kc}")
-        assert np.isnan(c[:, n:]).all()
-
-
 # an FMA that reads memory: `vfmadd231ps 64(%rax), %ymm1, %ymm2` (AT&T syntax, as cc -S writes it)
 FMA_FROM_MEMORY = re.compile(r"^\s*vfmadd\w*ps\s+[^%\s]*\(", re.MULTILINE)
 
@@ -611,8 +569,9 @@ TAPS_ENTRY = """void run(int rows, int ow, int pitch, int n, int k, int kc, floa
 def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) -> None:
     """af_sgemm_packed_taps for each instruction set against numpy: A's element (r, p) of output row
     y, position x at a[y * pitch + x + offs[p]] (offsets of a 3-row, 3-column window over rows of
-    ``pitch``), every row width around the row blocks of 6 and 12 (1..14, 25, 56), K in passes, the
-    compact output at ldc, columns past n untouched."""
+    ``pitch``), every row width around the blocks of 6 and 12 (1..14, 25, 56), blocks joining the
+    ends of rows (7 rows of 7: blocks of 5 and 6, or 9 and 10), K in passes, the compact output at
+    ldc, columns past n untouched."""
     import ctypes
 
     from autofusion.codegen.gemm import pack_weights
@@ -625,7 +584,7 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
                     i32]
     for ow, rows, n, kc in ((1, 3, 5, 1024), (5, 2, 33, 64), (6, 2, 32, 1024), (7, 3, 17, 40),
                             (11, 1, 40, 1024), (12, 2, 8, 64), (13, 2, 64, 1024), (14, 3, 31, 40),
-                            (25, 2, 70, 1024), (56, 1, 16, 64)):
+                            (25, 2, 70, 1024), (56, 1, 16, 64), (7, 7, 40, 64), (2, 7, 9, 40)):
         pitch, channels = ow + 2, 17
         plane = (rows + 2) * pitch
         slab = f32(channels * plane)
