@@ -621,7 +621,7 @@ def test_narrow_rows_run_the_taps_kernel_in_blocks_across_row_ends() -> None:
     positions as blocks of 5 and 6 with AVX2's 6-row kernel, not 4 + 3 per row), each block reading
     its positions at the slab's pitch, C compact (no padding column computed). Built for AVX2 (any
     x86-64 CPU with AVX-512 runs it too), rows of 7, 13, 14 and 28, against the reference, with a
-    residual; and af_sgemm_packed_taps alone at odd widths, pitches and channel counts."""
+    residual (the kernel alone: test_codegen_gemm's taps test)."""
     from autofusion.codegen.cores import CoreChoice, FixedChooser, Machine
     from autofusion.runtime.toolchain import detect_toolchain
 
