@@ -52,6 +52,27 @@ def test_bias_gelu_residual_epilogue_per_tile() -> None:
     assert re.search(r"c\[mi \* \d+ \+ ni\]", code)  # the epilogue reads the tile just computed
 
 
+def test_a_weight_read_by_several_kernels_is_packed_once() -> None:
+    """An unrolled recurrence reads one weight at every step, in a kernel per step: the library holds
+    one packed copy for all of them (one per node kept 16 copies of an LSTM's weights, out of cache),
+    and a different weight of the same shape keeps its own."""
+    from autofusion.decide import unfused_plan
+
+    b = GraphBuilder("steps")
+    h = b.input("h", (1, 64))
+    w, other = b.const(f32(96, 64, scale=0.1)), b.const(f32(96, 64, scale=0.1))
+    for weight in (w, w, w, other):
+        h = b.op("Slice", b.op("Gemm", h, weight, transB=1), b.const(np.asarray([0], np.int64)),
+                 b.const(np.asarray([64], np.int64)), b.const(np.asarray([1], np.int64)))
+    g = b.build([h])
+    model = CompiledModel(unfused_plan(g), cache=CACHE)
+    feeds = {"h": f32(1, 64)}
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    packed = [arr for name, arr in model.source.constants if name.endswith("_packed")]
+    assert len(packed) == 2 and not np.array_equal(*packed)
+
+
 def test_attention_scores_read_transposed_views_without_copies() -> None:
     b = GraphBuilder("scores")
     q, k = b.input("q", (1, 16, 64)), b.input("k", (1, 16, 64))
