@@ -223,7 +223,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
         _log(f"autofusion: the graph updates tensors in place where others may read them "
              f"({', '.join(sorted({str(target_key(n) or n.target) for n in hidden}))}); it runs eagerly")
         return gm.forward
-    _split_input_gradients(gm)
+    _assign_conv_gradients(gm)
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     _log(compile_summary(gm, partitions, label))
@@ -247,28 +247,41 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
     return fused if compiled_any else gm.forward
 
 
-def _split_input_gradients(gm: Any) -> None:
-    """Each convolution_backward whose input gradient the SuperKernels compute faster (measured,
-    :mod:`autofusion.torch_conv_grad`) leaves only its weight gradient to torch; the others stay
-    with torch whole."""
-    from autofusion.frontends.fx_aten import TORCH_INPUT_GRAD, split_weight_gradient
-    from autofusion.torch_conv_grad import measurable, ours_faster
+def _assign_conv_gradients(gm: Any) -> None:
+    """Each convolution_backward's input and weight gradients go to whichever of the SuperKernels and
+    torch computes them faster (measured, :mod:`autofusion.torch_conv_grad`): a node whose asked-for
+    gradients are all torch's stays with torch whole, one with some of each is split in two."""
+    from autofusion.frontends.fx_aten import TORCH_KEEPS, split_gradients
+    from autofusion.torch_conv_grad import PARTS, measurable
 
     changed = False
-    for node in [n for n in gm.graph.nodes if measurable(n)]:
-        try:
-            faster = ours_faster(node)
-        except Exception as exc:  # noqa: BLE001 - whatever fails in measuring, torch computes the node
-            warnings.warn(f"autofusion: {node.name}'s input gradient stays with torch ({type(exc).__name__}: {exc})",
-                          AutofusionFallbackWarning, stacklevel=2)
-            faster = False
-        if not faster:
-            node.meta[TORCH_INPUT_GRAD] = True
-        elif node.args[10][1]:
-            split_weight_gradient(node)
+    for node in [n for n in gm.graph.nodes if target_key(n) == "convolution_backward"]:
+        mask = list(node.args[10]) if len(node.args) == 11 else []
+        if not (mask and (mask[0] or mask[1])):
+            continue
+        torch_mask = [False, False, False]
+        for index, part in enumerate(PARTS):
+            if mask[index]:
+                torch_mask[index] = not (measurable(node, part) and _measured_faster(node, part))
+        if not any(mask[i] and not torch_mask[i] for i in range(len(PARTS))):
+            node.meta[TORCH_KEEPS] = True  # the bias gradient too: the call computes it anyway
+        elif any(torch_mask):
+            split_gradients(node, torch_mask)
             changed = True
     if changed:
         gm.recompile()
+
+
+def _measured_faster(node: Any, part: str) -> bool:
+    """Whether ours computes the node's ``part`` gradient faster; False, with a warning, where measuring fails."""
+    from autofusion.torch_conv_grad import ours_faster
+
+    try:
+        return ours_faster(node, part)
+    except Exception as exc:  # noqa: BLE001 - whatever fails in measuring, torch computes the part
+        warnings.warn(f"autofusion: {node.name}'s {part} gradient stays with torch ({type(exc).__name__}: {exc})",
+                      AutofusionFallbackWarning, stacklevel=3)
+        return False
 
 
 def _is_getitem(node: Any) -> bool:

@@ -42,7 +42,7 @@ def agreement(model: Any, data: tuple[Any, ...], steps: int) -> dict[str, float]
     eager, _, eager_model = train(model, data, None, steps)
     ours, _, our_model = train(model, data, "autofusion", steps)
     loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(ours, eager))
-    param_rel = max(float((p - q).abs().max() / q.abs().max().clamp_min(1e-30))
+    param_rel = max(float((p.detach() - q.detach()).abs().max() / q.detach().abs().max().clamp_min(1e-30))
                     for p, q in zip(our_model.parameters(), eager_model.parameters()))
     return {"loss_max_rel_diff": loss_rel, "param_max_rel_diff": param_rel, "first_loss": eager[0],
             "last_loss": eager[-1]}

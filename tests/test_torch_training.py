@@ -153,17 +153,29 @@ CONV_GRAD_CASES = [
 
 
 @pytest.mark.parametrize("case", CONV_GRAD_CASES, ids=str)
-def test_convolution_input_and_bias_gradients(case: tuple[Any, ...]) -> None:
+def test_convolution_gradients(case: tuple[Any, ...]) -> None:
+    """The input and bias gradients, and the weight gradient where there is one group, compiled."""
     n, c, h, w, m, k, stride, pad, groups = case
     x, weight = rand(n, c, h, w), rand(m, c // groups, *k)
     dy = torch.randn_like(aten.convolution(x, weight, None, list(stride), list(pad), [1, 1], False, [0, 0], groups))
 
     def grads(dy: Any, x: Any, weight: Any) -> Any:
         grad = aten.convolution_backward(dy, x, weight, [m], list(stride), list(pad), [1, 1], False, [0, 0],
-                                         groups, [True, False, True])
-        return grad[0], grad[2]
+                                         groups, [True, groups == 1, True])
+        return (grad[0], grad[1], grad[2]) if groups == 1 else (grad[0], grad[2])
 
     check_aten(grads, dy, x, weight, rtol=1e-4, atol=1e-4)
+
+
+def test_a_grouped_weight_gradient_is_left_to_torch() -> None:
+    import autofusion.torch_conv_grad as conv_grad
+
+    x, weight, dy = rand(2, 4, 8, 8), rand(6, 2, 3, 3), rand(2, 6, 8, 8)
+    gm = aten_graph(lambda dy, x, w: aten.convolution_backward(dy, x, w, [6], [1, 1], [1, 1], [1, 1], False, [0, 0],
+                                                               2, [True, True, False]), dy, x, weight)
+    node = next(n for n in gm.graph.nodes if "convolution_backward" in str(n.target))
+    assert not is_convertible(node)
+    assert conv_grad.measurable(node, "input") and not conv_grad.measurable(node, "weight")
 
 
 def test_convolution_input_gradient_over_many_geometries() -> None:
@@ -194,8 +206,39 @@ def test_convolution_input_gradient_over_many_geometries() -> None:
     assert checked > 100
 
 
-def test_a_weight_gradient_gets_a_node_of_its_own() -> None:
-    from autofusion.frontends.fx_aten import split_weight_gradient
+def test_convolution_weight_gradient_over_many_geometries() -> None:
+    """The Conv with batch and channels swapped against torch in the reference interpreter, every
+    combination (the end padding it needs is negative where the last rows of x are never read)."""
+    from autofusion.frontends.conv_grad import conv2d_weight_grad
+    from autofusion.ir.builder import GraphBuilder
+
+    checked = 0
+    columns = itertools.cycle(itertools.product((6, 7), (1, 3, 4), (1, 2, 3), (0, 1, 3)))
+    for h, k, stride, pad in itertools.product((5, 8), (1, 2, 3, 5), (1, 2, 3), (0, 1, 2)):
+        w, kw, sw, pw = next(columns)
+        x, weight = rand(2, 4, h, w), rand(6, 4, k, kw)
+        try:
+            y = aten.convolution(x, weight, None, [stride, sw], [pad, pw], [1, 1], False, [0, 0], 1)
+        except RuntimeError:  # padding beyond the kernel, or no output
+            continue
+        dy = torch.randn_like(y)
+        want = aten.convolution_backward(dy, x, weight, None, [stride, sw], [pad, pw], [1, 1], False, [0, 0],
+                                         1, [False, True, False])[1]
+        b = GraphBuilder("grad")
+        out = conv2d_weight_grad(b, b.input("dy", tuple(dy.shape)), b.input("x", tuple(x.shape)), (k, kw),
+                                 (stride, sw), (pad, pw))
+        got = run_graph(b.build([out]), {"dy": dy.numpy(), "x": x.numpy()})[out]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4,
+                                   err_msg=str((h, k, stride, pad, w, kw, sw, pw)))
+        checked += 1
+    assert checked > 60
+
+
+@pytest.mark.parametrize("torch_mask", [[False, True, False], [True, False, False]], ids=["weight", "input"])
+def test_a_gradient_torch_computes_gets_a_node_of_its_own(torch_mask: list[bool]) -> None:
+    """torch's part (the weight or the input gradient) moves to a node of its own, which stays with
+    torch; the first node keeps the rest and converts; each getitem reads the node computing its output."""
+    from autofusion.frontends.fx_aten import split_gradients
 
     x, weight, dy = rand(2, 4, 8, 8), rand(6, 4, 3, 3), rand(2, 6, 4, 4)
 
@@ -204,19 +247,20 @@ def test_a_weight_gradient_gets_a_node_of_its_own() -> None:
 
     gm = aten_graph(grads, dy, x, weight)
     node = next(n for n in gm.graph.nodes if "convolution_backward" in str(n.target))
-    assert not is_convertible(node)  # it asks for the weight gradient
-    weight_node = split_weight_gradient(node)
+    assert is_convertible(node)
+    split = split_gradients(node, torch_mask)
     gm.recompile()
-    assert list(node.args[10]) == [True, False, True] and list(weight_node.args[10]) == [False, True, False]
-    assert is_convertible(node) and not is_convertible(weight_node)
-    readers = {u.args[1]: u for u in [*node.users, *weight_node.users]}
-    assert readers[1].args[0] is weight_node and readers[0].args[0] is readers[2].args[0] is node
-    assert is_convertible(readers[0]) and is_convertible(readers[2]) and not is_convertible(readers[1])
+    assert list(node.args[10]) == [not t for t in torch_mask[:2]] + [True] and list(split.args[10]) == torch_mask
+    assert is_convertible(node) and not is_convertible(split)
+    readers = {u.args[1]: u for u in [*node.users, *split.users]}
+    for index, reader in readers.items():
+        assert reader.args[0] is (split if torch_mask[index] else node)
+        assert is_convertible(reader) == (not torch_mask[index])
     for got, want in zip(gm(dy, x, weight), grads(dy, x, weight)):
         torch.testing.assert_close(got, want)
 
 
-def test_the_input_gradient_is_measured_once_per_geometry(monkeypatch: Any) -> None:
+def test_each_gradient_is_measured_once_per_geometry(monkeypatch: Any) -> None:
     import autofusion.bench.timing as timing
     import autofusion.torch_conv_grad as conv_grad
 
@@ -224,7 +268,7 @@ def test_the_input_gradient_is_measured_once_per_geometry(monkeypatch: Any) -> N
     gm = aten_graph(lambda dy, x, w: aten.convolution_backward(dy, x, w, [6], [2, 2], [1, 1], [1, 1], False, [0, 0],
                                                                1, [True, True, True]), dy, x, weight)
     node = next(n for n in gm.graph.nodes if "convolution_backward" in str(n.target))
-    assert conv_grad.measurable(node)
+    assert conv_grad.measurable(node, "input") and conv_grad.measurable(node, "weight")
     timed: list[dict[str, float]] = []
 
     def fake_medians(runners: Any, **_: Any) -> dict[str, float]:
@@ -235,8 +279,9 @@ def test_the_input_gradient_is_measured_once_per_geometry(monkeypatch: Any) -> N
 
     monkeypatch.setattr(conv_grad, "_choices", {})
     monkeypatch.setattr(timing, "round_robin_medians", fake_medians)
-    assert conv_grad.ours_faster(node) and conv_grad.ours_faster(node)  # the second answer is the first's
-    assert len(timed) == 1
+    assert conv_grad.ours_faster(node, "input") and conv_grad.ours_faster(node, "input")  # the first answer kept
+    assert not conv_grad.ours_faster(node, "weight")  # each part measured on its own
+    assert len(timed) == 2
 
 
 def test_unsupported_backward_forms_stay_eager() -> None:
@@ -250,17 +295,19 @@ def test_unsupported_backward_forms_stay_eager() -> None:
     assert not any(is_convertible(n) for n in gm.graph.nodes if "native_layer_norm_backward" in str(n.target))
 
 
-@pytest.mark.parametrize("name", ["encoder", "cnn", "cnn-split"])
+@pytest.mark.parametrize("name", ["encoder", "cnn", "cnn-split", "cnn-ours"])
 def test_training_steps_match_eager(name: str, caplog: Any, monkeypatch: Any) -> None:
     """20 SGD steps with backend="autofusion" against eager: every step's loss and the parameters
     after the last within 1e-4 relative. The encoder's forward and backward graphs each compile
-    whole, as one partition. The CNN's weight gradients stay with torch; its input gradient is
-    compiled when measured faster (``cnn-split``: the backward is then one partition), else it stays
-    with them too; the rest (its batch norm in training mode and its backward, the ReLU backwards,
-    the linear layer's and the loss's gradients) is compiled."""
+    whole, as one partition. The CNN's convolution gradients are computed by torch or by the
+    SuperKernels, as measured: ``cnn`` torch's all; ``cnn-split`` the input gradient ours, the weight
+    gradients torch's; ``cnn-ours`` all ours (the backward is then one partition with nothing left
+    to torch). The rest (its batch norm in training mode and its backward, the ReLU backwards, the
+    linear layer's and the loss's gradients) is compiled."""
     import autofusion.torch_conv_grad as conv_grad
 
-    monkeypatch.setattr(conv_grad, "ours_faster", lambda node: name == "cnn-split")
+    ours = {"cnn-split": ("input",), "cnn-ours": ("input", "weight")}.get(name, ())
+    monkeypatch.setattr(conv_grad, "ours_faster", lambda node, part: part in ours)
     torch.manual_seed(0)
     model = transformer_encoder(d=32, heads=4, outputs=4) if name == "encoder" else small_cnn(width=8)
     data = (torch.randn(2, 8, 32), torch.randn(2, 8, 4)) if name == "encoder" else (
@@ -268,10 +315,10 @@ def test_training_steps_match_eager(name: str, caplog: Any, monkeypatch: Any) ->
     eager_losses, _, eager_model = train(model, data, None, 20)
     with caplog.at_level("INFO", logger="autofusion.torch"), warnings.catch_warnings():
         warnings.simplefilter("error", AutofusionFallbackWarning)  # no partition gave up
-        losses, _, ours = train(model, data, "autofusion", 20)
+        losses, _, trained = train(model, data, "autofusion", 20)
     np.testing.assert_allclose(losses, eager_losses, rtol=1e-4)
     assert losses[-1] < losses[0]
-    for (pname, p), q in zip(ours.named_parameters(), eager_model.parameters()):
+    for (pname, p), q in zip(trained.named_parameters(), eager_model.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-6, err_msg=pname)
     lines = [r.getMessage() for r in caplog.records]
     forward = next(line for line in lines if "forward graph:" in line)
@@ -283,10 +330,14 @@ def test_training_steps_match_eager(name: str, caplog: Any, monkeypatch: Any) ->
     # one partition; only the batch norm's int64 step counter (num_batches_tracked + 1) stays eager
     assert "in 1 partition(s); left to eager: add (output not a static float32 tensor) x1" in forward, forward
     assert "threshold_backward" not in backward and "batch_norm" not in backward, backward
-    if name == "cnn-split":  # the two weight gradients alone are torch's
-        assert "in 1 partition(s); left to eager: convolution_backward (arguments not supported) x2" in backward
-    else:
-        assert "in 2 partition(s)" in backward and "convolution_backward (arguments not supported) x2" in backward
+    if name == "cnn-ours":
+        assert "in 1 partition(s); left to eager: none" in backward, backward
+        return
+    # the two weight gradients alone (cnn-split), or with the input gradient, are torch's, as are the
+    # outputs read from them
+    assert f"in {1 if name == 'cnn-split' else 2} partition(s)" in backward, backward
+    assert "convolution_backward (torch's, measured faster) x2" in backward, backward
+    assert f"getitem (an output its op leaves to torch) x{3 if name == 'cnn-split' else 5}" in backward, backward
 
 
 def test_threshold_backward_passes_the_gradient_of_a_nan() -> None:
@@ -301,12 +352,33 @@ def test_zero_dimensional_reductions_stay_eager() -> None:
     assert not any(is_convertible(n) for n in gm.graph.nodes if "sum" in str(n.target))
 
 
-def test_torch_keeps_an_input_gradient_it_computes_faster_or_that_fails_to_measure(monkeypatch: Any) -> None:
-    """A node whose measurement says torch, or whose measurement fails (with a warning), stays whole
-    and eager; one asking for no weight gradient too."""
+def test_a_node_whose_gradients_go_both_ways_is_split(monkeypatch: Any) -> None:
+    """torch's input gradient, ours the weight's: torch's part gets a node of its own, the bias
+    goes with ours; the graph computes what torch does."""
     import autofusion.torch_conv_grad as conv_grad
-    from autofusion.frontends.fx_aten import TORCH_INPUT_GRAD
-    from autofusion.torch_backend import _split_input_gradients
+    from autofusion.torch_backend import _assign_conv_gradients
+
+    x, weight, dy = rand(2, 4, 8, 8), rand(6, 4, 3, 3), rand(2, 6, 4, 4)
+
+    def grads(dy: Any, x: Any, w: Any) -> Any:
+        return aten.convolution_backward(dy, x, w, [6], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+
+    gm = aten_graph(grads, dy, x, weight)
+    monkeypatch.setattr(conv_grad, "ours_faster", lambda node, part: part == "weight")
+    _assign_conv_gradients(gm)
+    nodes = [n for n in gm.graph.nodes if "convolution_backward" in str(n.target)]
+    assert [list(n.args[10]) for n in nodes] == [[False, True, True], [True, False, False]]
+    assert [is_convertible(n) for n in nodes] == [True, False]
+    for got, want in zip(gm(dy, x, weight), grads(dy, x, weight)):
+        torch.testing.assert_close(got, want)
+
+
+def test_torch_keeps_the_gradients_it_computes_faster_or_that_fail_to_measure(monkeypatch: Any) -> None:
+    """A node whose measurements say torch, or fail (with a warning), stays whole and eager; one
+    asking for no weight gradient too."""
+    import autofusion.torch_conv_grad as conv_grad
+    from autofusion.frontends.fx_aten import TORCH_KEEPS
+    from autofusion.torch_backend import _assign_conv_gradients
 
     x, weight, dy = rand(2, 4, 8, 8), rand(6, 4, 3, 3), rand(2, 6, 4, 4)
 
@@ -314,19 +386,19 @@ def test_torch_keeps_an_input_gradient_it_computes_faster_or_that_fails_to_measu
         return aten_graph(lambda dy, x, w: aten.convolution_backward(dy, x, w, [6], [2, 2], [1, 1], [1, 1], False,
                                                                      [0, 0], 1, mask), dy, x, weight)
 
-    def broken(node: Any) -> Any:
+    def broken(node: Any, part: str) -> Any:
         raise AssertionError("a compiler bug")
 
     monkeypatch.setattr(conv_grad, "_choices", {})
     monkeypatch.setattr(conv_grad, "_runners", broken)
     for mask in ([True, True, True], [True, False, True]):
         gm = graph(mask)
-        with pytest.warns(AutofusionFallbackWarning, match="stays with torch .AssertionError: a compiler bug"):
-            _split_input_gradients(gm)
+        with pytest.warns(AutofusionFallbackWarning, match="gradient stays with torch .AssertionError: a compiler bug"):
+            _assign_conv_gradients(gm)
         (node,) = [n for n in gm.graph.nodes if "convolution_backward" in str(n.target)]
-        assert node.meta[TORCH_INPUT_GRAD] and list(node.args[10]) == mask and not is_convertible(node)
-    monkeypatch.setattr(conv_grad, "ours_faster", lambda node: False)
+        assert node.meta[TORCH_KEEPS] and list(node.args[10]) == mask and not is_convertible(node)
+    monkeypatch.setattr(conv_grad, "ours_faster", lambda node, part: False)
     gm = graph([True, False, False])
-    _split_input_gradients(gm)
+    _assign_conv_gradients(gm)
     (node,) = [n for n in gm.graph.nodes if "convolution_backward" in str(n.target)]
     assert not is_convertible(node)

@@ -1,8 +1,12 @@
-"""The input gradient of a 2-D convolution, spelled in IR Convs (``convolution_backward``'s first output).
+"""The input and weight gradients of a 2-D convolution, spelled in IR Convs (``convolution_backward``'s
+first and second outputs).
 
-For strides (sh, sw), the input positions of one stride phase (ih % sh, iw % sw) are reached by one
-fixed subset of the kernel's taps: every sh-th row and sw-th column of the weight, starting at a
-tap the phase and the padding give. So the gradient is sh * sw ordinary stride-1 convolutions of the
+The weight gradient (:func:`conv2d_weight_grad`) is one Conv with the batch and channel axes
+swapped, which the convolution kernels run as an implicit GEMM with the taps read in place.
+
+The input gradient: for strides (sh, sw), the input positions of one stride phase (ih % sh, iw % sw)
+are reached by one fixed subset of the kernel's taps: every sh-th row and sw-th column of the
+weight, starting at a tap the phase and the padding give. So the gradient is sh * sw ordinary stride-1 convolutions of the
 output gradient, each with its subset of taps flipped and the channel axes swapped, interleaved
 into the input's shape. Every product is computed once (an input-dilated convolution would multiply
 sh * sw times as many zeros), and each phase is a Conv the convolution kernels already run. With
@@ -106,3 +110,21 @@ def conv2d_input_grad(b: GraphBuilder, dy: str, w: str, input_hw: tuple[int, int
     if (rows[0] * strides[0], rows[1] * strides[1]) != tuple(input_hw):  # the last phases ran past the input
         full = b.op("Slice", full, _ints(b, 0, 0), _ints(b, *input_hw), _ints(b, 2, 3))
     return full
+
+
+def conv2d_weight_grad(b: GraphBuilder, dy: str, x: str, kernel_hw: tuple[int, int], strides: tuple[int, int],
+                       pads: tuple[int, int]) -> str:
+    """dw [M, C, KH, KW] of ``y = Conv(x, w, strides, pads (both sides alike), dilation 1, one group)``
+    from ``dy`` [N, M, OH, OW] and ``x`` [N, C, H, W], as one Conv with the batch and channel axes
+    swapped: images are its input channels, x's channels its batch, dy's channels its output
+    channels and dy's planes, dilated by the strides, its kernel, so that its output positions are
+    the taps (dw[m, c, i, j] sums dy[n, m, p, q] * x[n, c, i + s p - pad, j + s q - pad] over n, p, q)."""
+    _, _, oh, ow = b.type_of(dy).shape
+    _, _, h, w = b.type_of(x).shape
+    # the end padding that leaves exactly KH x KW positions: negative where x's last rows are never read
+    ends = [kernel_hw[0] + strides[0] * (oh - 1) - h - pads[0], kernel_hw[1] + strides[1] * (ow - 1) - w - pads[1]]
+    if min(ends) < 0:
+        x = b.op("Slice", x, _ints(b, 0, 0), _ints(b, h + min(ends[0], 0), w + min(ends[1], 0)), _ints(b, 2, 3))
+    swapped = b.op("Conv", b.op("Transpose", x, perm=[1, 0, 2, 3]), b.op("Transpose", dy, perm=[1, 0, 2, 3]),
+                   pads=[pads[0], pads[1], max(ends[0], 0), max(ends[1], 0)], dilations=list(strides), group=1)
+    return b.op("Transpose", swapped, perm=[1, 0, 2, 3])

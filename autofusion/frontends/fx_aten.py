@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from autofusion.frontends.conv_grad import conv2d_input_grad
+from autofusion.frontends.conv_grad import conv2d_input_grad, conv2d_weight_grad
 from autofusion.frontends.fx_nodes import (
     Converter,
     Handler,
@@ -244,65 +244,71 @@ def _convolution_ok(node: Any) -> bool:
 
 def _convolution_backward(cv: Converter, node: Any) -> str:
     """``convolution_backward(dy, x, w, bias_sizes, stride, padding, dilation, transposed,
-    output_padding, groups, output_mask)``: the input gradient as stride-phase Convs
-    (:mod:`conv_grad`) and the bias gradient as a sum; the weight gradient is not converted
-    (:func:`split_weight_gradient` gives it a node of its own, left to torch)."""
+    output_padding, groups, output_mask)``: the input gradient as stride-phase Convs, the weight
+    gradient as one Conv with batch and channels swapped (:mod:`conv_grad`), the bias gradient as a
+    sum; each as its mask asks (:func:`split_gradients` leaves the ones torch computes faster to a
+    node of their own)."""
     dy_node, x_node, w_node = node.args[:3]
     stride, padding, groups, mask = node.args[4], node.args[5], int(node.args[9]), node.args[10]
     dy = cv.tensor(dy_node)
-    grad_input = grad_bias = None
+    grad_input = grad_weight = grad_bias = None
     if mask[0]:
         hw = tuple(shape_of(x_node)[2:])
         grad_input = conv2d_input_grad(cv.b, dy, cv.tensor(w_node), (hw[0], hw[1]), (stride[0], stride[1]),
                                        (padding[0], padding[1]), groups)
+    if mask[1]:
+        khw = tuple(shape_of(w_node)[2:])
+        grad_weight = conv2d_weight_grad(cv.b, dy, cv.tensor(x_node), (khw[0], khw[1]), (stride[0], stride[1]),
+                                         (padding[0], padding[1]))
     if mask[2]:
         grad_bias = cv.b.op("ReduceSum", dy, _axes(cv, [0, 2, 3]), keepdims=0)
-    cv.multi[node] = (grad_input, None, grad_bias)
-    return next(t for t in (grad_input, grad_bias) if t)  # the mask asks for one (_convolution_backward_ok)
+    cv.multi[node] = (grad_input, grad_weight, grad_bias)
+    return next(t for t in (grad_input, grad_weight, grad_bias) if t)  # the mask asks for one (_convolution_backward_ok)
 
 
-# node.meta key: torch computes this convolution_backward's input gradient faster (measured)
-TORCH_INPUT_GRAD = "_autofusion_torch_input_grad"
+# node.meta key: torch computes this convolution_backward whole (measured faster, or split off by
+# split_gradients)
+TORCH_KEEPS = "_autofusion_torch_keeps"
 
 
 def _convolution_backward_ok(node: Any) -> bool:
-    """2-D, not transposed, dilation 1, the weight gradient not asked for, and not left to torch by
-    measurement (TORCH_INPUT_GRAD)."""
-    if len(node.args) != 11 or node.kwargs or node.meta.get(TORCH_INPUT_GRAD):
+    """2-D, not transposed, dilation 1, one group where the weight gradient is asked for, and not
+    left to torch (TORCH_KEEPS)."""
+    if len(node.args) != 11 or node.kwargs or node.meta.get(TORCH_KEEPS):
         return False
     _, _, _, _, stride, padding, dilation, transposed, _, groups, mask = node.args
     return (not transposed and list(dilation) == [1, 1] and len(stride) == 2 and len(padding) == 2
-            and isinstance(groups, int) and len(shape_of(node.args[1])) == 4 and not mask[1]
-            and bool(mask[0] or mask[2]))
+            and isinstance(groups, int) and len(shape_of(node.args[1])) == 4 and any(mask)
+            and (groups == 1 or not mask[1]))
 
 
 def output_computed(node: Any, index: int) -> bool:
     """Whether the converted ``node`` computes its output ``index`` (a convolution_backward only the
-    outputs its mask asks for, and never the weight gradient)."""
+    outputs its mask asks for, and none where torch keeps it)."""
     if "convolution_backward" in str(node.target):
-        return len(node.args) == 11 and not node.kwargs and index != 1 and bool(node.args[10][index])
+        return (len(node.args) == 11 and not node.kwargs and not node.meta.get(TORCH_KEEPS)
+                and bool(node.args[10][index]))
     return True
 
 
-def split_weight_gradient(node: Any) -> Any:
-    """Give a ``convolution_backward`` that asks for its weight gradient and its input gradient a
-    second node for the weight gradient alone (output mask [F, T, F]), and leave the first asking
-    for the others; its getitem of the weight gradient reads the new node. Returns the new node.
-    torch's weight gradient beats the Convs it could be spelled in (see the docs); the input
-    gradient may not."""
+def split_gradients(node: Any, torch_mask: list[bool]) -> Any:
+    """Give the outputs ``torch_mask`` names of a ``convolution_backward`` a second node that torch
+    computes (marked TORCH_KEEPS), and leave the first asking for the others; the getitems of those
+    outputs read the new node. Returns the new node."""
     graph, mask = node.graph, list(node.args[10])
     with graph.inserting_after(node):
-        weight = graph.call_function(node.target, (*node.args[:10], [False, True, False]), dict(node.kwargs))
+        split = graph.call_function(node.target, (*node.args[:10], list(torch_mask)), dict(node.kwargs))
+    split.meta[TORCH_KEEPS] = True
     for key in ("val", "example_value"):
         value = node.meta.get(key)
         if isinstance(value, (tuple, list)) and len(value) == 3:
-            weight.meta[key] = (None, value[1], None)
-            node.meta[key] = (value[0], None, value[2])
-    node.args = (*node.args[:10], [mask[0], False, mask[2]])
+            split.meta[key] = tuple(v if t else None for v, t in zip(value, torch_mask))
+            node.meta[key] = tuple(None if t else v for v, t in zip(value, torch_mask))
+    node.args = (*node.args[:10], [m and not t for m, t in zip(mask, torch_mask)])
     for user in list(node.users):
-        if user.target is operator.getitem and user.args[1] == 1:
-            user.replace_input_with(node, weight)
-    return weight
+        if user.target is operator.getitem and torch_mask[user.args[1]]:
+            user.replace_input_with(node, split)
+    return split
 
 
 HANDLERS: Mapping[str, Handler] = {

@@ -143,6 +143,8 @@ def why_not_convertible(node: Any) -> str:
         return "an output its op leaves to torch"
     if not _tensor_args_ok(node):
         return "an input not a static float32 tensor"
+    if node.meta.get(fx_aten.TORCH_KEEPS):
+        return "torch's, measured faster"
     if not _args_ok(node):
         return "arguments not supported"
     return ""
