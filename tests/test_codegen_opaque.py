@@ -11,7 +11,7 @@ import pytest
 
 from autofusion.decide import build_groups, unfused_plan
 from autofusion.decide.plan import ZERO_COST, Plan
-from autofusion.ir import DType, GraphBuilder, run_graph
+from autofusion.ir import DType, Graph, GraphBuilder, run_graph
 from autofusion.runtime import CompiledModel, compare_outputs
 
 CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
@@ -137,28 +137,44 @@ def test_lstm_cell_unrolled_over_time_as_one_scan_kernel(cell_kernel: bool, monk
         assert kernel.scratch_bytes <= 3 * step_bytes
 
 
+def _time_major(g: Graph) -> Graph:
+    """The same unrolled cell over an input laid out [T, B, D]."""
+    import dataclasses
+
+    from autofusion.graph.graph import FrozenMap
+    from autofusion.graph.types import TensorType
+
+    b_, t_, d_ = g.types["x"].shape
+    nodes = tuple(dataclasses.replace(n, attrs=FrozenMap({**dict(n.attrs), "axis": 0})) if n.op == "Gather" else n
+                  for n in g.nodes)
+    return dataclasses.replace(g, nodes=nodes, types=FrozenMap({**dict(g.types), "x": TensorType((t_, b_, d_), DType.FLOAT32)}))
+
+
 @pytest.mark.parametrize("threads", [1, 2, 4, 7])
-@pytest.mark.parametrize("seq,batch", [(8, 1), (6, 3)])
-def test_lstm_cell_kernel_projects_several_steps_ahead_when_w_ih_leaves_l2(seq: int, batch: int,
+@pytest.mark.parametrize("seq,batch,time_major", [(8, 1, False), (6, 3, False), (6, 3, True)])
+def test_lstm_cell_kernel_projects_several_steps_ahead_when_w_ih_leaves_l2(seq: int, batch: int, time_major: bool,
                                                                            threads: int) -> None:
     """On a machine whose L2 cannot hold W_ih (here told 16 KiB, W_ih 24 KiB) each thread computes its
     panels' input projections four steps ahead into its own block: the same numbers for any thread
-    count (7 threads over 6 panels: one has none), a step count that is no multiple of four, a batch."""
+    count (7 threads over 6 panels: one has none), a step count that is no multiple of four, a batch.
+    Where the steps' input rows follow each other (batch 1, or a time-major input) the projections
+    of the four steps are one product of their rows; else one product per step."""
     import dataclasses
 
     from autofusion.codegen.cores import CoreChoice, FixedChooser, this_machine
     from autofusion.models import build, random_inputs
 
     g = build("lstm-tiny", seq=seq, batch=batch)
+    g = _time_major(g) if time_major else g
     head = g.nodes[-1]
-    cells = [n.name for n in g.nodes if n.op != "Gather" and n is not head]
-    rest = [[n.name] for n in g.nodes if n.op == "Gather" or n is head]
-    groups = build_groups(g, [cells, *rest], template_of=lambda ns: "lstm_scan" if len(ns) > 1 else "opaque")
+    cells = [n.name for n in g.nodes if n is not head]  # the Gathers of x[:, t] too: offsets into x
+    groups = build_groups(g, [cells, [head.name]], template_of=lambda ns: "lstm_scan" if len(ns) > 1 else "opaque")
     plan = Plan(g, groups, ZERO_COST, ZERO_COST)
     small_l2 = FixedChooser(CoreChoice("packed", 128), dataclasses.replace(this_machine(), l2=16 * 1024))
     model = CompiledModel(plan, cache=CACHE, cores=small_l2, threads=threads)
     kernel = next(k for k in model.source.kernels if k.group.template == "lstm_scan")
     assert "the next 4 steps" in kernel.code and kernel.thread_bytes == 4 * batch * 4 * 48 * 4
+    assert ("one product of ahead" in kernel.code) == (batch == 1 or time_major)
     feeds = random_inputs(g, seed=7)
     report = compare_outputs(run_graph(g, feeds), model.run(feeds))
     assert report.ok, report.summary()
@@ -204,20 +220,12 @@ def test_lstm_loop_reads_each_steps_slice_of_the_input_in_place(time_major: bool
     """The Gathers that pick x[:, t] (or x[t] of a time-major input) join the loop kernel and become
     offsets into the input: two kernels in all, and the peak activation memory is the recurrent
     state alone, under half the unfused plan's."""
-    import dataclasses
-
     from autofusion.api import optimize
     from autofusion.codegen import render_plan
-    from autofusion.graph.graph import FrozenMap
-    from autofusion.graph.types import TensorType
     from autofusion.models import build
 
     g = build("lstm-tiny", batch=2)
-    if time_major:  # the same cell over an input laid out [T, B, D]
-        b_, t_, d_ = g.types["x"].shape
-        nodes = tuple(dataclasses.replace(n, attrs=FrozenMap({**dict(n.attrs), "axis": 0})) if n.op == "Gather" else n
-                      for n in g.nodes)
-        g = dataclasses.replace(g, nodes=nodes, types=FrozenMap({**dict(g.types), "x": TensorType((t_, b_, d_), DType.FLOAT32)}))
+    g = _time_major(g) if time_major else g
     plan = optimize(g)
     scan = next(grp for grp in plan.groups if grp.template == "lstm_scan")
     assert sum(plan.graph.node_by_name[n].op == "Gather" for n in scan.nodes) == 8 and plan.kernels == 2

@@ -232,6 +232,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
             bias = bias + np.broadcast_to(np.asarray(b, np.float32), (4 * hidden,))
     b_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_bias", bias[perm].astype(np.float32))
     step_bytes = batch * 4 * hidden * 4  # one step's input projections, every panel
+    rows_in_order = _rows_in_order(sources, batch)
     together = min(len(steps), LOOKAHEAD_STEPS) if w_x.size * 4 > k.chooser.machine.l2 // 2 else 1
     if together * step_bytes > MAX_PROJECTION_BYTES:
         together = 1
@@ -245,13 +246,31 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
         "lstm_cells.c.j2",
         comment=c_comment_text(f"LSTM cell over {len(steps)} steps: batch {batch}, input {d}, hidden {hidden}; "
                                f"gates interleaved {UNITS} hidden units per {PACK_NR}-column panel"),
-        steps=len(steps), together=together, batch=batch, d=d, hidden=hidden, gates=4 * hidden, panels=panels, units=UNITS, nr=PACK_NR,
+        steps=len(steps), together=together, rows_in_order=rows_in_order, batch=batch, d=d, hidden=hidden,
+        gates=4 * hidden, panels=panels, units=UNITS, nr=PACK_NR,
         kc=k.chooser.machine.default_kc(), packed_for=packed_for(slice_cols(k)),
         xs=[i[0] for i in inputs if i is not None], x_strides=[i[1] for i in inputs if i is not None],
         h_out=[k.pointer(s.h_out) if s.h_out in outputs else "NULL" for s in steps],
         c_out=[k.pointer(s.c_out) if s.c_out in outputs else "NULL" for s in steps],
         h0=_initial(k, first.h_in), c0=_initial(k, first.c_in), wx=wx_ptr, wh=wh_ptr, bias=b_ptr, off_h=off_h,
         off_c=off_c)
+
+
+def _rows_in_order(sources: list[tuple[str, int, int] | None], batch: int) -> int:
+    """Elements from one row to the next where the steps' input rows follow each other at one stride
+    in one tensor ([T, B, D], or any layout at batch 1), so that the input projections of several
+    steps are one product of that many rows (a 1-row product per step ran at the FMA latency's pace,
+    2 accumulators a step); else 0."""
+    if len(sources) < 2 or any(src is None for src in sources):
+        return 0
+    first, second = sources[0], sources[1]
+    assert first is not None and second is not None
+    tensor, offset, stride = first
+    step = second[1] - offset
+    row = step if batch == 1 else stride
+    if step <= 0 or (batch > 1 and step != batch * stride):
+        return 0
+    return row if all(src == (tensor, offset + i * step, stride) for i, src in enumerate(sources)) else 0
 
 
 def _initial(k: KernelContext, tensor: str) -> str:
