@@ -4,8 +4,10 @@ instruction sets chosen for the toolchain."""
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -204,6 +206,50 @@ def test_the_default_stays_unless_another_is_clearly_faster(tmp_path: Path) -> N
     times = {c: 3e-4 for c in candidates(BIG, MACHINE)}
     times[CoreChoice("blas")] = 2.95e-4  # within the margin: noise, not a reason to change the code
     assert _tuner(tmp_path, times, []).choose(BIG) == CoreChoice("packed", 512)
+
+
+class _Clock:
+    """A clock the fake models below advance: timings without waiting, and without noise."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _TimedModel:
+    """Takes ``seconds(call)`` on the clock at its call-th run."""
+
+    def __init__(self, clock: _Clock, seconds: Callable[[int], float]) -> None:
+        self.clock, self.seconds, self.calls = clock, seconds, 0
+
+    def run(self, feeds: object) -> dict[str, np.ndarray]:
+        self.clock.now += self.seconds(self.calls)
+        self.calls += 1
+        return {}
+
+
+@pytest.mark.parametrize("stays_fast", [True, False])
+def test_a_challenger_must_win_again_in_rounds_of_its_own(tmp_path: Path, stays_fast: bool) -> None:
+    """OpenBLAS, fast in the sweep over all candidates, replaces the default only if it is still
+    faster in the rounds of the two alone that follow: a slow minute that fell on the default's
+    samples in the sweep does not change the code."""
+    from autofusion.runtime import tuning
+
+    clock = _Clock()
+    blas = CoreChoice("blas")
+    sweep_calls = 2 + tuning.ROUNDS * math.ceil(tuning.SAMPLE_SECONDS / 1e-4)  # warm-up, then its samples
+
+    def build(plan: Plan, chooser: FixedChooser) -> _TimedModel:
+        if chooser.choice != blas:
+            return _TimedModel(clock, lambda call: 3e-4)
+        return _TimedModel(clock, lambda call: 1e-4 if stays_fast or call < sweep_calls else 4e-4)
+
+    tuner = Tuner(detect_toolchain(), CompileCache(tmp_path), threads=2, build=build, machine=MACHINE, clock=clock)
+    choice, times = tuner._measure(BIG)
+    assert times[blas.label(MACHINE)] == pytest.approx(0.1)  # ms, in the sweep
+    assert choice == (blas if stays_fast else candidates(BIG, MACHINE)[0])
 
 
 def test_small_and_unpackable_cores_are_not_measured(tmp_path: Path) -> None:
