@@ -21,6 +21,10 @@ from autofusion.graph.graph import Node
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.common import ref_input_or_attr
 
+# marks a kernel that picks its source per index (Concat): compiled without if-conversion
+# (templates/c/kernel.c.j2; GCC 12 vectorised such selections wrongly, docs/reliability.md)
+SELECT_SOURCE = "af:select-source"
+
 _TABLE_LIMIT = 4096  # larger build-time tables travel as derived constants, not C arrays
 
 
@@ -107,7 +111,7 @@ def _concat(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str
     if len(parts) == 1:
         return inl.value(parts[0][0], idx, block)
     var = inl.k.fresh()
-    block.emit(f"{inl.k.ctype_of(node.outputs[0])} {var}; /* af:select-source */")  # marks the kernel AF_NO_IF_CONVERT
+    block.emit(f"{inl.k.ctype_of(node.outputs[0])} {var}; /* {SELECT_SOURCE} */")  # marks the kernel AF_NO_IF_CONVERT
     start = 0
     for k, (t, n) in enumerate(parts):
         inner = block.child()

@@ -9,6 +9,7 @@ AF_INTERNAL void k0_add_mul_transpose_sigmoid_relu(const float* restrict t_x, co
     for (int64_t o = 0; o < 128; ++o) {
         const int64_t i0 = o / 8;
         const int64_t i1 = o % 8;
+        #pragma omp simd
         for (int64_t i2 = 0; i2 < 32; ++i2) {
             const float v1 = t_x[i1 * 512 + i0 * 32 + i2];
             const float v2 = t_bias[i2];
