@@ -7,9 +7,10 @@ faster depends on the layer and the machine. On a Zen 3 with 2 threads, the stri
 stride-phase Convs 1.04-1.06x torch's time (0.42x in an earlier sitting), its weight gradient as a
 Conv with batch and channels swapped 0.86-0.89x; the 3 -> 32 stem's weight gradient 1.14-1.34x (three
 input channels leave the swapped Conv a batch of three). So for each such node of a backward
-graph, each asked-for gradient ours can take is timed once, round-robin against torch's on the
-node's shapes, and the faster one computes it. The bias gradient goes with ours where ours computes
-anything. The node is then converted whole, left to torch whole
+graph, each asked-for gradient ours can take is timed round-robin against torch's on the node's
+shapes, and ours computes it where it is faster in two such measurements in a row (one compile of
+four gave the stem to ours with one), torch otherwise. The bias gradient goes with ours where ours
+computes anything. The node is then converted whole, left to torch whole
 (:data:`~autofusion.frontends.fx_aten.TORCH_KEEPS`), or split
 (:func:`~autofusion.frontends.fx_aten.split_gradients`) into torch's part and ours.
 Choices are kept per process, by part, shapes, geometry and thread counts.
@@ -67,10 +68,14 @@ def ours_faster(node: Any, part: str) -> bool:
     key = _key(node, part)
     with _lock:
         if key not in _choices:
-            ours, theirs = _runners(node, part)
-            times = round_robin_medians({"ours": ours, "torch": theirs}, rounds=ROUNDS, min_seconds=MIN_SECONDS,
-                                        pause_seconds=0.0)
-            _choices[key] = times["ours"] * MARGIN < times["torch"]
+            runners = dict(zip(("ours", "torch"), _runners(node, part)))
+
+            def ours_wins() -> bool:
+                times = round_robin_medians(runners, rounds=ROUNDS, min_seconds=MIN_SECONDS, pause_seconds=0.0)
+                return times["ours"] * MARGIN < times["torch"]
+
+            # ours must win twice: one slow minute on torch's rounds should not move work out of torch
+            _choices[key] = ours_wins() and ours_wins()
         return _choices[key]
 
 

@@ -269,19 +269,25 @@ def test_each_gradient_is_measured_once_per_geometry(monkeypatch: Any) -> None:
                                                                1, [True, True, True]), dy, x, weight)
     node = next(n for n in gm.graph.nodes if "convolution_backward" in str(n.target))
     assert conv_grad.measurable(node, "input") and conv_grad.measurable(node, "weight")
+    wins = {"ours": 1.0, "torch": 2.0}
+    script = [wins, wins, wins, {"ours": 2.0, "torch": 1.0}, {"ours": 2.0, "torch": 1.0}]
     timed: list[dict[str, float]] = []
 
     def fake_medians(runners: Any, **_: Any) -> dict[str, float]:
         for run in runners.values():
             run()  # both compute: ours was checked against torch's before
-        timed.append({"ours": 1.0, "torch": 2.0} if not timed else {"ours": 2.0, "torch": 1.0})
+        timed.append(script[len(timed)])
         return timed[-1]
 
     monkeypatch.setattr(conv_grad, "_choices", {})
     monkeypatch.setattr(timing, "round_robin_medians", fake_medians)
-    assert conv_grad.ours_faster(node, "input") and conv_grad.ours_faster(node, "input")  # the first answer kept
-    assert not conv_grad.ours_faster(node, "weight")  # each part measured on its own
+    assert conv_grad.ours_faster(node, "input") and conv_grad.ours_faster(node, "input")  # won twice; then kept
     assert len(timed) == 2
+    assert not conv_grad.ours_faster(node, "weight")  # each part on its own: won, then lost the second
+    assert len(timed) == 4
+    monkeypatch.setattr(conv_grad, "_choices", {})
+    timed[:] = script[:4]
+    assert not conv_grad.ours_faster(node, "input") and len(timed) == 5  # lost the first: no second
 
 
 def test_unsupported_backward_forms_stay_eager() -> None:
