@@ -259,14 +259,21 @@ def _assign_conv_gradients(gm: Any) -> None:
         mask = list(node.args[10]) if len(node.args) == 11 else []
         if not (mask and (mask[0] or mask[1])):
             continue
-        torch_mask = [False, False, False]
+        torch_mask, unsupported = [False, False, False], []
         for index, part in enumerate(PARTS):
-            if mask[index]:
-                torch_mask[index] = not (measurable(node, part) and _measured_faster(node, part))
+            if mask[index] and not measurable(node, part):
+                torch_mask[index] = True
+                unsupported.append(part)
+            elif mask[index]:
+                torch_mask[index] = not _measured_faster(node, part)
+        if len(unsupported) == sum(mask[:len(PARTS)]):
+            continue  # nothing ours could take: the converter says why
+        reason = (f"torch's; the Convs do not spell its {' and '.join(unsupported)} gradient" if unsupported
+                  else "torch's, measured faster")
         if not any(mask[i] and not torch_mask[i] for i in range(len(PARTS))):
-            node.meta[TORCH_KEEPS] = True  # the bias gradient too: the call computes it anyway
+            node.meta[TORCH_KEEPS] = reason  # the bias gradient too: the call computes it anyway
         elif any(torch_mask):
-            split_gradients(node, torch_mask)
+            split_gradients(node, torch_mask, reason)
             changed = True
     if changed:
         gm.recompile()

@@ -178,6 +178,28 @@ def test_a_grouped_weight_gradient_is_left_to_torch() -> None:
     assert conv_grad.measurable(node, "input") and not conv_grad.measurable(node, "weight")
 
 
+def test_a_gradient_the_convs_do_not_spell_goes_to_torch_with_why(monkeypatch: Any) -> None:
+    """A grouped convolution's input gradient measured faster in ours joins the partition; its weight
+    gradient, which the swapped Conv does not spell, gets a node of its own that says so."""
+    import autofusion.torch_conv_grad as conv_grad
+    from autofusion.frontends.fx_import import why_not_convertible
+    from autofusion.torch_backend import _assign_conv_gradients
+
+    x, weight, dy = rand(2, 4, 8, 8), rand(6, 2, 3, 3), rand(2, 6, 8, 8)
+
+    def grads(dy: Any, x: Any, w: Any) -> Any:
+        return aten.convolution_backward(dy, x, w, [6], [1, 1], [1, 1], [1, 1], False, [0, 0], 2, [True, True, False])
+
+    gm = aten_graph(grads, dy, x, weight)
+    monkeypatch.setattr(conv_grad, "ours_faster", lambda node, part: True)
+    _assign_conv_gradients(gm)
+    nodes = [n for n in gm.graph.nodes if "convolution_backward" in str(n.target)]
+    assert [list(n.args[10]) for n in nodes] == [[True, False, False], [False, True, False]]
+    assert is_convertible(nodes[0]) and why_not_convertible(nodes[1]) == "torch's; the Convs do not spell its weight gradient"
+    for got, want in zip(gm(dy, x, weight), grads(dy, x, weight)):
+        torch.testing.assert_close(got, want)
+
+
 def test_convolution_input_gradient_over_many_geometries() -> None:
     """The stride-phase Convs against torch in the reference interpreter, every combination."""
     from autofusion.frontends.conv_grad import conv2d_input_grad

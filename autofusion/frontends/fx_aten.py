@@ -267,7 +267,7 @@ def _convolution_backward(cv: Converter, node: Any) -> str:
 
 
 # node.meta key: torch computes this convolution_backward whole (measured faster, or split off by
-# split_gradients)
+# split_gradients); its value says why, in a few words
 TORCH_KEEPS = "_autofusion_torch_keeps"
 
 
@@ -291,14 +291,14 @@ def output_computed(node: Any, index: int) -> bool:
     return True
 
 
-def split_gradients(node: Any, torch_mask: list[bool]) -> Any:
+def split_gradients(node: Any, torch_mask: list[bool], reason: str = "torch's, measured faster") -> Any:
     """Give the outputs ``torch_mask`` names of a ``convolution_backward`` a second node that torch
-    computes (marked TORCH_KEEPS), and leave the first asking for the others; the getitems of those
-    outputs read the new node. Returns the new node."""
+    computes (marked TORCH_KEEPS with ``reason``), and leave the first asking for the others; the
+    getitems of those outputs read the new node. Returns the new node."""
     graph, mask = node.graph, list(node.args[10])
     with graph.inserting_after(node):
         split = graph.call_function(node.target, (*node.args[:10], list(torch_mask)), dict(node.kwargs))
-    split.meta[TORCH_KEEPS] = True
+    split.meta[TORCH_KEEPS] = reason
     for key in ("val", "example_value"):
         value = node.meta.get(key)
         if isinstance(value, (tuple, list)) and len(value) == 3:

@@ -144,7 +144,7 @@ def why_not_convertible(node: Any) -> str:
     if not _tensor_args_ok(node):
         return "an input not a static float32 tensor"
     if node.meta.get(fx_aten.TORCH_KEEPS):
-        return "torch's, measured faster"
+        return str(node.meta[fx_aten.TORCH_KEEPS])
     if not _args_ok(node):
         return "arguments not supported"
     return ""
