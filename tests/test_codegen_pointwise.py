@@ -189,3 +189,30 @@ def test_scalar_and_empty_tensors() -> None:
     s, e = b.input("s", ()), b.input("e", (0, 3))
     g = b.build([b.op("Exp", s), b.op("Relu", e), b.op("Add", s, b.const(f32(3)))])
     check(g, {"s": np.array(0.5, np.float32), "e": np.zeros((0, 3), np.float32)})
+
+
+@pytest.mark.parametrize("case", ["channel", "row", "whole", "trailing-one", "batchnorm", "transpose"])
+def test_trailing_dimensions_every_operand_reads_whole_run_as_one_loop(case: str) -> None:
+    """A ReLU backward of a per-channel gradient over [N, C, H, W] walks H x W as one inner loop (every
+    operand takes both whole, or neither); an operand broadcast along W alone, a BatchNormalization
+    (its parameters read at the channel index) or a transposed read keeps the loops as they are, and
+    a last dimension of size 1 is never where the merged index runs."""
+    b = GraphBuilder(case)
+    shape = (2, 8, 72, 1) if case == "trailing-one" else (4, 8, 6, 5)
+    h = b.input("h", shape)
+    feeds = {"h": f32(*shape)}
+    if case == "batchnorm":
+        params = [b.const(f32(8, lo=0.5, hi=1.5)) for _ in range(4)]
+        out = b.op("BatchNormalization", h, *params)
+    elif case == "transpose":
+        out = b.op("Relu", b.op("Add", b.op("Transpose", h, perm=[0, 1, 3, 2]), b.const(f32(5, 6))))
+    else:
+        side = {"channel": (4, 8, 1, 1), "row": (5,), "whole": shape, "trailing-one": (2, 8, 1, 1)}[case]
+        g = b.input("g", side)
+        feeds["g"] = f32(*side)
+        out = b.op("Where", b.op("LessOrEqual", h, b.const(np.float32(0))), b.const(np.float32(0)), g)
+    model = check(b.build([out]), feeds)
+    code = kernel_code(model)
+    merged = {"channel": 30, "whole": 960, "trailing-one": 72}.get(case)  # until 256 long, or all of it
+    inner = re.findall(r"for \(int64_t i\d+ = 0; i\d+ < (\d+); \+\+i\d+\)", code)
+    assert inner[-1] == str(merged if merged else shape[-1] if case != "transpose" else 6), code
