@@ -216,3 +216,18 @@ def test_trailing_dimensions_every_operand_reads_whole_run_as_one_loop(case: str
     merged = {"channel": 30, "whole": 960, "trailing-one": 72}.get(case)  # until 256 long, or all of it
     inner = re.findall(r"for \(int64_t i\d+ = 0; i\d+ < (\d+); \+\+i\d+\)", code)
     assert inner[-1] == str(merged if merged else shape[-1] if case != "transpose" else 6), code
+
+
+def test_a_kernel_that_selects_its_source_per_index_keeps_gcc_from_if_converting() -> None:
+    """Concat picks its source per index: its kernel is compiled without if-conversion and without a
+    forced `omp simd` (GCC 12 vectorised such selections wrongly, docs/reliability.md); a plain
+    pointwise kernel keeps both."""
+    b = GraphBuilder("select")
+    x, y = b.input("x", (6, 2, 16)), b.input("y", (6, 3, 16))
+    g = b.build([b.op("Relu", b.op("Concat", x, y, axis=1))])
+    code = kernel_code(check(g, {"x": f32(6, 2, 16), "y": f32(6, 3, 16)}))
+    assert "AF_NO_IF_CONVERT void" in code and "#pragma omp simd" not in code
+    b = GraphBuilder("plain")
+    x = b.input("x", (6, 5, 16))
+    code = kernel_code(check(b.build([b.op("Relu", x)]), {"x": f32(6, 5, 16)}))
+    assert "AF_NO_IF_CONVERT void" not in code

@@ -6,6 +6,7 @@ from autofusion.codegen.cores import CoreChooser
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.kernel_context import KernelContext, KernelSource, group_comment, group_error
 from autofusion.codegen.names import c_ident
+from autofusion.codegen.op_layout import SELECT_SOURCE
 from autofusion.codegen.sizes import declared
 from autofusion.codegen.templates import TemplateSet
 from autofusion.decide.plan import FusedGroup
@@ -70,8 +71,9 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
         return None
     name = kernel_name(group)
     params = k.params()
+    lines = body.splitlines()
     code = templates.render("kernel.c.j2", comment=group_comment(graph, group), name=name, params=params,
-                            body=body.splitlines(), sizes=declared())
+                            body=lines, sizes=declared(), no_if_convert=any(SELECT_SOURCE in line for line in lines))
     return KernelSource(name, group, code, params, k.scratch_bytes,
                         tuple((ident, arr) for _, ident, arr in k.derived), k.uses_blas, k.thread_bytes,
                         tuple(k.cores))

@@ -22,7 +22,7 @@ from autofusion.ops.catalog import default_registry
 from autofusion.ops.common import ref_input_or_attr
 
 # marks a kernel that picks its source per index (Concat): compiled without if-conversion
-# (templates/c/kernel.c.j2; GCC 12 vectorised such selections wrongly, docs/reliability.md)
+# (AF_NO_IF_CONVERT, group_renderer.py; GCC 12 vectorised such selections wrongly, docs/reliability.md)
 SELECT_SOURCE = "af:select-source"
 
 _TABLE_LIMIT = 4096  # larger build-time tables travel as derived constants, not C arrays
