@@ -442,7 +442,6 @@ class LoopNest:
             body=body.lines,
         )
 
-
     def _merged_loops(self, shape: tuple[int, ...], outs: list[tuple[str, str]]) -> tuple[int, ...]:
         """The nest's loop sizes: ``shape`` with its trailing dimensions run as one loop (the others
         of them 1) where every tensor the nest reads through elementwise ops alone takes them whole

@@ -232,7 +232,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
             bias = bias + np.broadcast_to(np.asarray(b, np.float32), (4 * hidden,))
     b_ptr = k.derived_constant(f"{first.gemm_x.name}_cell_bias", bias[perm].astype(np.float32))
     step_bytes = batch * 4 * hidden * 4  # one step's input projections, every panel
-    rows_in_order = _rows_in_order(sources, batch)
+    ahead_stride = _ahead_row_stride(sources, batch)
     together = min(len(steps), LOOKAHEAD_STEPS) if w_x.size * 4 > k.chooser.machine.l2 // 2 else 1
     if together * step_bytes > MAX_PROJECTION_BYTES:
         together = 1
@@ -246,7 +246,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
         "lstm_cells.c.j2",
         comment=c_comment_text(f"LSTM cell over {len(steps)} steps: batch {batch}, input {d}, hidden {hidden}; "
                                f"gates interleaved {UNITS} hidden units per {PACK_NR}-column panel"),
-        steps=len(steps), together=together, rows_in_order=rows_in_order, batch=batch, d=d, hidden=hidden,
+        steps=len(steps), together=together, ahead_stride=ahead_stride, batch=batch, d=d, hidden=hidden,
         gates=4 * hidden, panels=panels, units=UNITS, nr=PACK_NR,
         kc=k.chooser.machine.default_kc(), packed_for=packed_for(slice_cols(k)),
         xs=[i[0] for i in inputs if i is not None], x_strides=[i[1] for i in inputs if i is not None],
@@ -256,7 +256,7 @@ def render_lstm_cells(k: KernelContext, nodes: list[Node]) -> str | None:
         off_c=off_c)
 
 
-def _rows_in_order(sources: list[tuple[str, int, int] | None], batch: int) -> int:
+def _ahead_row_stride(sources: list[tuple[str, int, int] | None], batch: int) -> int:
     """Elements from one row to the next where the steps' input rows follow each other at one stride
     in one tensor ([T, B, D], or any layout at batch 1), so that the input projections of several
     steps are one product of that many rows (a 1-row product per step ran at the FMA latency's pace,

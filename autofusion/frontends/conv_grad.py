@@ -6,9 +6,9 @@ swapped, which the convolution kernels run as an implicit GEMM with the taps rea
 
 The input gradient: for strides (sh, sw), the input positions of one stride phase (ih % sh, iw % sw)
 are reached by one fixed subset of the kernel's taps: every sh-th row and sw-th column of the
-weight, starting at a tap the phase and the padding give. So the gradient is sh * sw ordinary stride-1 convolutions of the
-output gradient, each with its subset of taps flipped and the channel axes swapped, interleaved
-into the input's shape. Every product is computed once (an input-dilated convolution would multiply
+weight, starting at a tap the phase and the padding give. So the gradient is sh * sw ordinary
+stride-1 convolutions of the output gradient, each with its subset of taps flipped and the channel
+axes swapped, interleaved into the input's shape. Every product is computed once (an input-dilated convolution would multiply
 sh * sw times as many zeros), and each phase is a Conv the convolution kernels already run. With
 square strides the phases, stacked along the channels, are interleaved by one DepthToSpace.
 """

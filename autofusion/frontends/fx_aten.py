@@ -291,7 +291,7 @@ def output_computed(node: Any, index: int) -> bool:
     return True
 
 
-def split_gradients(node: Any, torch_mask: list[bool], reason: str = "torch's, measured faster") -> Any:
+def split_gradients(node: Any, torch_mask: list[bool], reason: str) -> Any:
     """Give the outputs ``torch_mask`` names of a ``convolution_backward`` a second node that torch
     computes (marked TORCH_KEEPS with ``reason``), and leave the first asking for the others; the
     getitems of those outputs read the new node. Returns the new node."""
