@@ -358,6 +358,21 @@ def test_a_softmax_row_of_20000_elements() -> None:
     assert "BLOCK=4096, num_warps" in model.kernels[0].source  # rows walked in blocks of 4096 by default
 
 
+def test_gather_ids_off_the_table_are_clamped_as_in_c() -> None:
+    """Token ids past either end of the table read its first or last row (negative ones count from
+    the end first), as the C backend does: on a GPU an unclamped id is an illegal address."""
+    from autofusion.runtime import CompiledModel
+
+    b = GraphBuilder("gather_off")
+    table = b.const(np.arange(40, dtype=np.float32).reshape(10, 4))
+    ids = b.input("ids", (1, 5), dtype="int64")
+    graph = b.build([b.op("Relu", b.op("Gather", table, ids, axis=0))])
+    feeds = {"ids": np.array([[-1, 3, 12, -15, 1 << 40]], dtype=np.int64)}
+    got = TritonModel(one_group_plan(graph, "pointwise"), fallback=False)(feeds)[graph.outputs[0]]
+    np.testing.assert_array_equal(got, np.arange(40, dtype=np.float32).reshape(10, 4)[[[9, 3, 9, 0, 9]]])
+    np.testing.assert_array_equal(got, CompiledModel(one_group_plan(graph, "pointwise")).run(feeds)[graph.outputs[0]])
+
+
 @pytest.mark.parametrize("batch_dims", [0, 1])
 def test_gather_nd_in_a_pointwise_kernel(batch_dims: int) -> None:
     """GatherND (what torch.export writes for advanced indexing) computed in the kernel, its tuples

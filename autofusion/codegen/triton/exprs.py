@@ -137,10 +137,13 @@ class Exprs:
         ind_rank = self.graph.type_of(node.inputs[1]).rank
         axis = int(node.attr("axis", 0)) % len(data_shape)
         ind = self.value(node.inputs[1], tuple(idx[axis:axis + ind_rank]))
-        dim = data_shape[axis]
-        fixed = self.bind(f"tl.where({ind} < 0, {ind} + {dim}, {ind})")
-        data_idx = tuple(idx[:axis]) + (fixed,) + tuple(idx[axis + ind_rank:])
+        data_idx = tuple(idx[:axis]) + (self._data_index(ind, data_shape[axis]),) + tuple(idx[axis + ind_rank:])
         return self.value(node.inputs[0], data_idx)
+
+    def _data_index(self, raw: str, dim: int) -> str:
+        """An index read from data, wrapped (negative from the end) and clamped into ``[0, dim)``, as
+        the C backend does: an id off the table must not send a load off the tensor."""
+        return self.bind(f"tl.minimum(tl.maximum(tl.where({raw} < 0, {raw} + {dim}, {raw}), 0), {dim - 1})")
 
     def _gather_nd(self, node: Node, idx: Index) -> str:
         """Data at the tuple of indices the leading output axes pick (after ``batch_dims`` shared axes),
@@ -150,9 +153,7 @@ class Exprs:
         b, q = int(node.attr("batch_dims", 0)), len(ind_shape) - 1
         src = list(idx[:b])
         for j in range(ind_shape[-1]):
-            raw = self.value(node.inputs[1], tuple(idx[:q]) + (str(j),))
-            dim = data_shape[b + j]
-            src.append(self.bind(f"tl.minimum(tl.maximum(tl.where({raw} < 0, {raw} + {dim}, {raw}), 0), {dim - 1})"))
+            src.append(self._data_index(self.value(node.inputs[1], tuple(idx[:q]) + (str(j),)), data_shape[b + j]))
         return self.value(node.inputs[0], tuple(src) + tuple(idx[q:]))
 
     def _batchnorm(self, node: Node, pos: int, idx: Index) -> str:
