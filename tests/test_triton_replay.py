@@ -136,3 +136,17 @@ def test_without_replay_every_call_launches_step_by_step() -> None:
     model(feeds)
     _close(model(feeds), run_graph(plan.graph, feeds))
     assert model.launches == "launched one by one" and model.workspace_bytes is None
+
+
+def test_the_prepared_inputs_hold_the_preparing_calls_feeds() -> None:
+    """The fixed input tensors start with the feeds of the call that prepared them: a CUDA graph's
+    capture runs the steps once first, and uninitialised token ids would send its Gather off the
+    table (an illegal address on the device)."""
+    plan = optimize(build("bert-tiny"))
+    model = TritonModel(plan)
+    feeds = random_inputs(plan.graph)
+    model(feeds)
+    replay = model._replay
+    assert replay is not None
+    for name, value in feeds.items():
+        np.testing.assert_array_equal(replay.tensors[name].cpu().numpy(), value, err_msg=name)

@@ -55,9 +55,10 @@ class Runner(Protocol):
 
 
 class Replay:
-    """The runner's steps bound to fixed tensors; ``graph`` captures them in a CUDA graph."""
+    """The runner's steps bound to fixed tensors, its inputs holding ``feeds``; ``graph`` captures
+    them in a CUDA graph."""
 
-    def __init__(self, runner: Runner, graph: bool) -> None:
+    def __init__(self, runner: Runner, graph: bool, feeds: Mapping[str, Any]) -> None:
         import torch
 
         self.runner = runner
@@ -74,7 +75,7 @@ class Replay:
 
         self.tensors: dict[str, Any] = dict(runner.weights())
         for t in g.inputs:
-            self.tensors[t] = fresh(t)
+            self.tensors[t] = fresh(t).copy_(feeds[t])
         for t, p in buffers.placements.items():
             if p.kind == "workspace":  # its place in the one allocation, for its live range only
                 tt = g.type_of(t)

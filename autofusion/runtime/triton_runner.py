@@ -307,12 +307,13 @@ class TritonModel:
             return replay(feeds)
         outputs = self._run_steps(feeds)
         if self._replay_wanted:
-            self._prepare()
+            self._prepare(feeds)
         return outputs
 
-    def _prepare(self) -> None:
+    def _prepare(self, feeds: Mapping[str, Any]) -> None:
         """Bind the steps to fixed buffers once the first run has chosen every configuration; on a
-        CUDA device capture them in a CUDA graph unless an op runs on the host."""
+        CUDA device capture them in a CUDA graph unless an op runs on the host. The capture's warm
+        run reads ``feeds``: uninitialised token ids would send a Gather off its table."""
         with self._prepare_lock:
             if self._replay is not None:
                 return
@@ -323,12 +324,12 @@ class TritonModel:
                     self.replay_problem = f"{len(self.fallbacks)} op(s) on the host: no CUDA graph"
                     graph = False
             try:
-                self._replay = Replay(self, graph)
+                self._replay = Replay(self, graph, feeds)
             except Exception as e:  # noqa: BLE001 - a capture torch refuses: the bound launches still run
                 if not graph:
                     raise
                 self.replay_problem = f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:200]}"
-                self._replay = Replay(self, False)
+                self._replay = Replay(self, False, feeds)
 
     def _run_steps(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         graph = self.plan.graph
