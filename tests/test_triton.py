@@ -177,7 +177,7 @@ def test_run_device_keeps_tensors_on_the_device() -> None:
     out = graph.outputs[0]
     got = model.run_device({k: torch.from_numpy(v) for k, v in feeds.items()})[out]
     assert isinstance(got, torch.Tensor) and got.device.type == model.device
-    np.testing.assert_allclose(got.numpy(), model(feeds)[out], rtol=0, atol=0)
+    np.testing.assert_allclose(got.cpu().numpy(), model(feeds)[out], rtol=0, atol=0)
     with pytest.raises(InterpreterError, match="input 'a'"):
         model.run_device({"a": torch.zeros(2, 20, 23)})
     with pytest.raises(InterpreterError, match="missing input 'a'"):

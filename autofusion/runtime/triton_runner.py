@@ -113,12 +113,14 @@ def pooling_split(graph: Graph, group: FusedGroup, registry: OpRegistry) -> list
 class TritonModel:
     """A plan compiled to Triton kernels; call it with numpy feeds to get numpy outputs."""
 
-    def __init__(self, plan: Plan, fallback: bool = True, device: str = "cpu",
+    def __init__(self, plan: Plan, fallback: bool = True, device: str | None = None,
                  registry: OpRegistry | None = None, directory: Path | None = None, tune: bool | None = None,
                  cache: CompileCache | str | Path | None = None, timer: Timer | None = None, replay: bool = True,
                  cuda_graph: bool | None = None) -> None:
         import torch  # fails early with ImportError when the gpu extra is missing
 
+        if device is None:  # the GPU where torch sees one; else the CPU, under Triton's interpreter
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.plan, self.device = plan, device
         if tune is None:  # timing Triton's interpreter says nothing about a device; AUTOFUSION_TUNE=0 is off
             tune = str(device).startswith("cuda") and tune_by_default()
