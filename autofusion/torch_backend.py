@@ -47,6 +47,7 @@ from autofusion.frontends.fx_import import (
     target_key,
     why_not_convertible,
 )
+from autofusion.frontends.fx_nodes import stored_order
 
 _LOG = logging.getLogger("autofusion.torch")
 # what converting or compiling a partition may raise: the partition then runs eagerly
@@ -72,10 +73,13 @@ class AutofusionSubmodule:
     def __init__(self, model: Any, input_names: Sequence[str], runtime_positions: Sequence[int],
                  output_names: Sequence[str], single_output: bool, state_positions: Sequence[int] = (),
                  state: tuple[tuple[int, int], ...] = (),
-                 rebuild: Callable[[Sequence[Any]], AutofusionSubmodule] | None = None) -> None:
+                 rebuild: Callable[[Sequence[Any]], AutofusionSubmodule] | None = None,
+                 input_orders: Sequence[tuple[int, ...] | None] = ()) -> None:
         self.model = model
         self.input_names = tuple(input_names)
         self.runtime_positions = tuple(runtime_positions)
+        # per input: the order its dimensions are stored in, where the graph takes it so (stored_order)
+        self.input_orders = tuple(input_orders) or (None,) * len(self.input_names)
         self.output_names = tuple(output_names)
         self.single_output = single_output
         self.state_positions = tuple(state_positions)
@@ -95,7 +99,8 @@ class AutofusionSubmodule:
         if self.model is None:
             assert self.eager is not None
             return self.eager(*args)
-        feeds = {name: _as_array(args[pos]) for name, pos in zip(self.input_names, self.runtime_positions)}
+        feeds = {name: _as_array(args[pos] if order is None else args[pos].permute(order))
+                 for name, pos, order in zip(self.input_names, self.runtime_positions, self.input_orders)}
         results = self.model.run(feeds)
         outs = tuple(torch.from_numpy(results[name]) for name in self.output_names)
         return outs[0] if self.single_output else outs
@@ -149,6 +154,7 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
 
     values: list[Any] = []
     frozen: list[bool] = []
+    orders: list[tuple[int, ...] | None] = []  # how each run-time input is stored, if permuted
     for arg in args:
         if arg.op == "get_attr":
             values.append(module_attribute(parent, arg.target))
@@ -163,9 +169,10 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
         else:
             values.append(example_value(arg))
             frozen.append(False)
+        orders.append(None if frozen[-1] else stored_order(values[-1]))
     if current is not None:
         values = [current[i] if f else v for i, (v, f) in enumerate(zip(values, frozen))]
-    graph, results = convert_fx(sub_gm, values, frozen, name=name)
+    graph, results = convert_fx(sub_gm, values, frozen, name=name, orders=orders)
     placeholders = [n.name for n in sub_gm.graph.nodes if n.op == "placeholder"]
     runtime = [(f"t_{p}", i) for i, p in enumerate(placeholders) if not frozen[i]]
     out_node = next(n for n in sub_gm.graph.nodes if n.op == "output")
@@ -173,6 +180,7 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
     state_positions = [i for i, f in enumerate(frozen) if f]
     return AutofusionSubmodule(model, [r[0] for r in runtime], [r[1] for r in runtime], results,
                                single_output=not isinstance(out_node.args[0], (tuple, list)),
+                               input_orders=[orders[r[1]] for r in runtime],
                                state_positions=state_positions,
                                state=state_signature(values[i] for i in state_positions),
                                rebuild=lambda now: _compile_partition(sub_gm, args, parent, name, now))
@@ -224,6 +232,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
              f"({', '.join(sorted({str(target_key(n) or n.target) for n in hidden}))}); it runs eagerly")
         return gm.forward
     _assign_conv_gradients(gm)
+    _leave_input_views(gm)
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     _log(compile_summary(gm, partitions, label))
@@ -277,6 +286,26 @@ def _assign_conv_gradients(gm: Any) -> None:
             changed = True
     if changed:
         gm.recompile()
+
+
+# ops whose result shares its input's memory in torch, never a copy (reshape and flatten may copy)
+VIEW_OPS = frozenset({"t", "permute", "transpose", "view", "_unsafe_view", "unsqueeze", "squeeze", "alias"})
+INPUT_VIEW = "a view of an input: free in torch"
+
+
+def _leave_input_views(gm: Any) -> None:
+    """Views of the graph's run-time inputs stay with torch: in a partition a view it returns (the
+    transposed weight a training forward saves for backward) is a copy the kernel writes, where
+    torch's costs nothing; a partition reading one takes it as an input, a transposed one in place."""
+    from autofusion.frontends.fx_aten import TORCH_KEEPS
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or target_key(node) not in VIEW_OPS or not node.args:
+            continue
+        source = node.args[0]
+        if getattr(source, "op", None) == "placeholder" and not is_module_state(source) \
+                or getattr(source, "meta", {}).get(TORCH_KEEPS) == INPUT_VIEW:
+            node.meta[TORCH_KEEPS] = INPUT_VIEW
 
 
 def _measured_faster(node: Any, part: str) -> bool:

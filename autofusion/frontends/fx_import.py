@@ -43,7 +43,10 @@ from autofusion.ir.builder import GraphBuilder
 
 def is_convertible(node: Any) -> bool:
     """Whether ``node`` is a torch op this converter handles with a static float32 output (a tuple
-    of them for a split), or one computed from frozen module state alone (:func:`foldable`)."""
+    of them for a split), or one computed from frozen module state alone (:func:`foldable`); never
+    one the backend left to torch (``fx_aten.TORCH_KEEPS``)."""
+    if node.meta.get(fx_aten.TORCH_KEEPS):
+        return False
     key = target_key(node)
     return (key in HANDLERS and _produces(key, example_value(node)) and _tensor_args_ok(node)
             and _args_ok(node)) or foldable(node)
@@ -617,10 +620,13 @@ def fx_to_graph(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[boo
     return convert_fx(gm, placeholder_values, frozen, name)[0]
 
 
-def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool], name: str = "torch_fx"
-               ) -> tuple[Graph, tuple[str, ...]]:
+def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool], name: str = "torch_fx",
+               orders: Sequence[tuple[int, ...] | None] | None = None) -> tuple[Graph, tuple[str, ...]]:
     """:func:`fx_to_graph`'s graph, and the IR tensor of each of ``gm``'s results in order: a tensor
-    ``gm`` returns twice is one graph output, returned twice (as eager returns one tensor twice)."""
+    ``gm`` returns twice is one graph output, returned twice (as eager returns one tensor twice).
+    ``orders``: per placeholder, the order its dimensions are stored in (:func:`stored_order`), or
+    None: such an input is the stored tensor, permuted back inside the graph, so that a transposed
+    weight is read in place instead of copied."""
     builder = GraphBuilder(name)
     env: dict[Any, str] = {}
     cv = Converter(builder, env)
@@ -641,8 +647,12 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
                 env[node] = builder.const(array, name=_ir_name(node.name))
                 cv.consts[env[node]] = array
             else:
-                env[node] = builder.input(_ir_name(node.name), tuple(value.shape), DType(str(value.dtype)[6:]))
+                order = orders[placeholders.index(node)] if orders else None
+                shape = tuple(value.shape) if order is None else tuple(value.shape[d] for d in order)
+                env[node] = builder.input(_ir_name(node.name), shape, DType(str(value.dtype)[6:]))
                 input_names.add(env[node])
+                if order is not None:
+                    env[node] = builder.op("Transpose", env[node], perm=tuple(order.index(d) for d in range(len(order))))
         elif node.op in ("call_function", "call_method") and _computable(node, torch_values):
             torch_values[node] = _compute(node, torch_values)
             array = torch_values[node].detach().cpu().contiguous().numpy().copy()

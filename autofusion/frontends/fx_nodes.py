@@ -61,6 +61,18 @@ def static_tensor(value: Any) -> bool:
             and all(type(d) is int for d in value.shape))
 
 
+def stored_order(value: Any) -> tuple[int, ...] | None:
+    """The order of a tensor's dimensions in memory, outermost first, when it is a dense row-major
+    tensor with its dimensions permuted (a weight's ``t()``); None when it is contiguous or laid out
+    any other way."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.is_contiguous() or any(type(d) is not int for d in value.shape):
+        return None
+    order = tuple(sorted(range(value.dim()), key=lambda d: (-int(value.stride(d)), d)))
+    return order if value.permute(order).is_contiguous() else None
+
+
 def is_module_state(node: Any) -> bool:
     """Whether a placeholder carries module state (a parameter or buffer) that may be frozen."""
     import torch
