@@ -69,7 +69,8 @@ def stored_order(value: Any) -> tuple[int, ...] | None:
 
     if not isinstance(value, torch.Tensor) or value.is_contiguous() or any(type(d) is not int for d in value.shape):
         return None
-    order = tuple(sorted(range(value.dim()), key=lambda d: (-int(value.stride(d)), d)))
+    strides = tuple(int(s) for s in value.stride())
+    order = tuple(sorted(range(value.dim()), key=lambda d: (-strides[d], d)))
     return order if value.permute(order).is_contiguous() else None
 
 
