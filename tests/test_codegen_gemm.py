@@ -272,10 +272,22 @@ PACKED_ENTRY = """void run(int m, int n, int k, int kc, float alpha, const float
 }"""
 
 
-def _packed_runner(tmp_path, isa: str | None = None, wide: bool = False):
+# a transposed A (ars 1) copied a pass at a time, rows an odd number of cache lines apart (gemm.apack_ld)
+PACKED_AT_ENTRY = """void run(int m, int n, int k, int kc, float alpha, const float* a, int64_t ars,
+                             int64_t aps, const float* w, float* c, int ldc) {
+    const int ld = ((m + 15) / 16 | 1) * 16;
+    float* apack = aligned_alloc(64, ((size_t)k * ld * sizeof(float) + 63) / 64 * 64);
+    (void)ars;
+    af_sgemm_packed_at(m, n, k, kc, alpha, a, aps, w, c, ldc, apack, ld);
+    free(apack);
+}"""
+
+
+def _packed_runner(tmp_path, isa: str | None = None, wide: bool = False, at: bool = False):
     import ctypes
 
     entry = PACKED_ENTRY.replace("af_sgemm_packed(", "af_sgemm_packed_wide(") if wide else PACKED_ENTRY
+    entry = PACKED_AT_ENTRY if at else entry
     run = _af_sgemm_library(tmp_path, entry, isa)
     if run is not None:
         ptr = ctypes.POINTER(ctypes.c_float)
@@ -320,19 +332,25 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
     """Each instruction set's af_sgemm_packed (12 x 32 AVX-512, 6 x 16 AVX2 and AVX, 6 x 8 portable),
     built for that ISA, against numpy: rows around every micro-kernel's row block (1, 5-7, 11-13,
     odd primes, a few hundred), columns around its slice and the 32-column panel, K around and
-    across the passes of kc, A plain and transposed. A variant this CPU cannot run is compiled only."""
+    across the passes of kc, A plain and transposed (read in place, and copied a pass at a time by
+    af_sgemm_packed_at). A variant this CPU cannot run is compiled only."""
     run = _packed_runner(tmp_path, isa)
-    if run is None:
+    (tmp_path / "at").mkdir()
+    run_at = _packed_runner(tmp_path / "at", isa, at=True)
+    if run is None or run_at is None:
         from autofusion.runtime.toolchain import detect_toolchain
 
         assert not detect_toolchain(isa=isa).runnable  # compiled above; this CPU lacks the instructions
         return
     for m in (1, 5, 6, 7, 11, 12, 13, 31, 300):
         for n in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 97, 300):
-            _check_packed(run, m, n, 129, 128, transposed=(m + n) % 2 == 1, isa=isa)
+            transposed = (m + n) % 2 == 1
+            for runner in (run, run_at) if transposed else (run,):
+                _check_packed(runner, m, n, 129, 128, transposed=transposed, isa=isa)
     for k in (1, 2, 7, 127, 128, 129, 257, 600, 901):  # 901: passes of 226, 225, 225, 225 at kc 256
         for kc in (128, 256, 1024):
-            _check_packed(run, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
+            for runner in (run, run_at) if k % 2 == 0 else (run,):
+                _check_packed(runner, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
 
 
 # an FMA that reads memory: `vfmadd231ps 64(%rax), %ymm1, %ymm2` (AT&T syntax, as cc -S writes it)
@@ -621,3 +639,15 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
             packed.ctypes.data_as(ptr), c.ctypes.data_as(ptr), n + 3)
         np.testing.assert_allclose(c[:, :n], 0.5 * a @ w, rtol=1e-4, atol=1e-4, err_msg=f"ow={ow} rows={rows} n={n}")
         assert np.isnan(c[:, n:]).all()
+
+
+@pytest.mark.parametrize("rows", [1024, 1000])
+def test_a_transposed_a_whose_rows_are_pages_apart_is_copied_per_pass(rows: int) -> None:
+    """A weight gradient's X^T [K x 1,024]: its rows 4 KiB apart all fall in one set of L1, so each
+    pass is copied first (af_sgemm_packed_at, rows an odd number of cache lines apart); 1,000 rows
+    are read in place. Both against the reference, with K in several passes."""
+    b = GraphBuilder("at_b")
+    a, w = b.input("a", (300, rows)), b.input("b", (300, 40))
+    g = b.build([b.op("Relu", b.op("MatMul", b.op("Transpose", a, perm=(1, 0)), w))])
+    code = check(g, {"a": f32(300, rows) / 4, "b": f32(300, 40) / 4})  # sums of about 1: float32's error stays small
+    assert ("af_sgemm_packed_at(" in code) == (rows == 1024)

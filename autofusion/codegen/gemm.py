@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.codegen import index as ix
-from autofusion.codegen.cores import CoreSpec
+from autofusion.codegen.cores import CoreSpec, k_pass
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
@@ -39,6 +39,7 @@ from autofusion.ops.registry import broadcast_shapes
 # Tiles of up to 128 x 512 keep sgemm efficient (measured here: 128x512 tiles with the epilogue beat one
 # big sgemm plus a separate epilogue pass on one thread); columns are split further, down to 256, until
 # there are enough tiles to share among threads.
+PAGE_BYTES = 4096  # a transposed A's rows this far apart all fall in one set of L1
 TILE_M = 128
 TILE_N = 512
 MIN_TILE_N = 256
@@ -74,6 +75,13 @@ def packed_for(width: int, wide: bool = False) -> str:
     packed at build time, that the kernel reads the slice width the weight was packed for
     (templates/c/af_sgemm.c.j2)."""
     return f"AF_WIDE_PACKED_FOR({width});" if wide else f"AF_PACKED_FOR({width});"
+
+
+def apack_ld(rows: int) -> int:
+    """Floats between the rows of a transposed A's pass copied by af_sgemm_packed_at: ``rows``
+    rounded up to whole cache lines, an odd number of them, so that successive rows fall in every
+    set of L1 in turn rather than in one."""
+    return ((rows + 15) // 16 | 1) * 16
 
 
 def _packed_column_block(n: int, row_tiles: int, panel: int = PACK_NR) -> int:
@@ -360,7 +368,7 @@ class _Gemm:
             comment=c_comment_text(f"horizontal sgemm tiles of {TILE_M}x{TILE_N}, epilogue per tile and output"),
             prologue=self.prologue, epilogue=self.epilogue, segments=[data],
             parallel=all_of(at_least(data["tiles"], 2), at_least(2 * whole.rows * total * whole.k, PARALLEL_MIN_FLOPS)),
-            **self._per_thread_block(data["mb"] * data["nb"], data["pack_floats"]))
+            **self._per_thread_block(data["mb"] * data["nb"], data["pack_floats"], data["apack_floats"]))
 
     def render_core(self, core: Node, ybuf: str) -> str:
         """Only the product of ``core`` (with Gemm's C term) into the full buffer ``ybuf``."""
@@ -376,6 +384,7 @@ class _Gemm:
         # the tile buffer holds the largest tile actually used (up to 1.5 x TILE_M by 1.5 x TILE_N)
         tile_floats = max((d["mb"] * d["nb"] for s, d in zip(segments, seg_data) if not s.ybuf), default=0)
         pack_floats = max((d["pack_floats"] for d in seg_data), default=0, key=hint)
+        apack_floats = max((d["apack_floats"] for d in seg_data), default=0)
         flops = sum(2 * s.rows * s.n * s.k * s.calls for s in segments)
         tiles = sum(d["tiles"] for d in seg_data)
         if late:
@@ -387,13 +396,15 @@ class _Gemm:
             comment=c_comment_text(f"sgemm tiles of {TILE_M}x{TILE_N} with the epilogue per tile: {ops}"),
             prologue=self.prologue, epilogue=self.epilogue, segments=seg_data,
             parallel=all_of(at_least(tiles, 2), at_least(flops, PARALLEL_MIN_FLOPS)),
-            **self._per_thread_block(tile_floats, pack_floats))
+            **self._per_thread_block(tile_floats, pack_floats, apack_floats))
 
-    def _per_thread_block(self, tile_floats: int, pack_floats: int = 0) -> dict[str, int]:
-        """gemm_epilogue.c.j2: each thread's block, its C tile then its B panels (64-byte aligned)."""
-        tile_floats = -(-tile_floats // 16) * 16 if hint(pack_floats) else tile_floats
-        self.k.per_thread((tile_floats + pack_floats) * 4)
-        return {"tile_floats": tile_floats, "pack_floats": pack_floats}
+    def _per_thread_block(self, tile_floats: int, pack_floats: int = 0, apack_floats: int = 0) -> dict[str, int]:
+        """gemm_epilogue.c.j2: each thread's block, its C tile, its B panels, then a pass of a
+        transposed A (each 64-byte aligned)."""
+        tile_floats = -(-tile_floats // 16) * 16 if hint(pack_floats) or apack_floats else tile_floats
+        pack_floats = -(-pack_floats // 16) * 16 if apack_floats and is_static(pack_floats) else pack_floats
+        self.k.per_thread((tile_floats + pack_floats + apack_floats) * 4)
+        return {"tile_floats": tile_floats, "pack_floats": pack_floats, "apack_floats": apack_floats}
 
     def _aligned(self, seg: _Segment, tensor: str) -> bool:
         if self.g.types[tensor].shape != self.g.types[seg.y].shape:
@@ -477,6 +488,11 @@ class _Gemm:
             offset += part.n
         # which row and column block tile t is: a B packed per call changes with the column block, so
         # there the row blocks follow each other (columns first, a thread repacked on nearly every tile)
+        # a transposed A whose rows are whole pages apart (each row of a pass in one set of L1) is read
+        # by our packed kernel through a copy per pass (af_sgemm_packed_at); at other strides the
+        # copy measured no gain, and where several column tiles each copy it, a loss (0.91x)
+        a_ld = (apack_ld(mb) if ta and (packed or seg.repack) and not seg.wide and is_static(lda)
+                and int(lda) * 4 % PAGE_BYTES == 0 else 0)
         tm, tn = ix.paren(str(tiles_m)), ix.paren(str(tiles_n))
         row_tile, col_tile = ((f"t % {tm}", f"(t / {tm}) % {tn}") if seg.repack else (f"(t / {tn}) % {tm}", f"t % {tn}"))
         return {
@@ -490,6 +506,7 @@ class _Gemm:
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
             "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],
             "pack_floats": kk * -(-nb // PACK_NR) * PACK_NR if seg.repack else 0,
+            "apack_ld": a_ld, "apack_floats": k_pass(hint(kk), kc) * a_ld if a_ld else 0,
             "row_tile": row_tile, "col_tile": col_tile,
             "pack_key": ix.add(ix.mul("b", tiles_n), col_tile if not is_static(tiles_n) or tiles_n > 1 else "0"),
         }
