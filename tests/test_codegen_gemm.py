@@ -610,8 +610,9 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
     """af_sgemm_packed_taps for each instruction set against numpy: A's element (r, p) of output row
     y, position x at a[y * pitch + x + offs[p]] (offsets of a 3-row, 3-column window over rows of
     ``pitch``), every row width around the blocks of 6 and 12 (1..14, 25, 56), blocks joining the
-    ends of rows (7 rows of 7: blocks of 5 and 6, or 9 and 10), K in passes, the compact output at
-    ldc, columns past n untouched."""
+    ends of rows (7 rows of 7 on AVX2: blocks of 5 and 6) or, on AVX-512 where a row's blocks keep 7
+    positions or more (7, 11, 12, 14, 25, 56), within rows; K in passes, the compact output at ldc,
+    columns past n untouched."""
     import ctypes
 
     from autofusion.codegen.gemm import pack_weights
