@@ -643,10 +643,10 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
 
 
 @pytest.mark.parametrize("rows", [1024, 1000])
-def test_a_transposed_a_whose_rows_are_pages_apart_is_copied_per_pass(rows: int) -> None:
+def test_a_transposed_a_whose_rows_alias_in_l1_is_copied_per_pass(rows: int) -> None:
     """A weight gradient's X^T [K x 1,024]: its rows 4 KiB apart all fall in one set of L1, so each
     pass is copied first (af_sgemm_packed_at, rows an odd number of cache lines apart); 1,000 rows
-    are read in place. Both against the reference, with K in several passes."""
+    (4,000 bytes apart) are read in place. Both against the reference, with K in several passes."""
     b = GraphBuilder("at_b")
     a, w = b.input("a", (300, rows)), b.input("b", (300, 40))
     g = b.build([b.op("Relu", b.op("MatMul", b.op("Transpose", a, perm=(1, 0)), w))])
