@@ -133,6 +133,8 @@ def hidden_updates(graph: Any) -> list[Any]:
 
 def why_not_convertible(node: Any) -> str:
     """Why :func:`is_convertible` says no for ``node``, in a few words ("" when it says yes)."""
+    if node.meta.get(fx_aten.TORCH_KEEPS):  # first, as is_convertible asks it
+        return str(node.meta[fx_aten.TORCH_KEEPS])
     if foldable(node):
         return ""
     key = target_key(node)
@@ -146,8 +148,6 @@ def why_not_convertible(node: Any) -> str:
         return "an output its op leaves to torch"
     if not _tensor_args_ok(node):
         return "an input not a static float32 tensor"
-    if node.meta.get(fx_aten.TORCH_KEEPS):
-        return str(node.meta[fx_aten.TORCH_KEEPS])
     if not _args_ok(node):
         return "arguments not supported"
     return ""
