@@ -39,14 +39,14 @@ from autofusion.ops.registry import broadcast_shapes
 # Tiles of up to 128 x 512 keep sgemm efficient (measured here: 128x512 tiles with the epilogue beat one
 # big sgemm plus a separate epilogue pass on one thread); columns are split further, down to 256, until
 # there are enough tiles to share among threads.
-# a transposed A's rows a multiple of this apart fall in at most 4 of L1's 64 sets (both ISAs' L1s)
-ALIASED_ROW_BYTES = 1024
 TILE_M = 128
 TILE_N = 512
 MIN_TILE_N = 256
 MIN_TILES = 4
 PARALLEL_MIN_FLOPS = 1 << 19  # smaller products run on one thread
 PACK_NR = 32  # columns per panel of a packed weight: AF_PACK_NR in templates/c/af_sgemm.c.j2
+# a transposed A's rows a multiple of this apart fall in at most 4 of L1's 64 sets (both ISAs' L1s)
+ALIASED_ROW_BYTES = 1024
 PACKED_MIN_TILES = 8  # packed products read no packed copy per tile: smaller tiles cost little
 PACKED_MIN_COLUMNS = 8  # narrower weights would be mostly zero padding in a 32-column panel
 SMALL_ROWS = 8  # af_sgemm's own kernel takes up to 2 x AF_SMALL_M rows (templates/c/af_sgemm.c.j2)
@@ -400,10 +400,9 @@ class _Gemm:
             **self._per_thread_block(tile_floats, pack_floats, apack_floats))
 
     def _per_thread_block(self, tile_floats: int, pack_floats: int = 0, apack_floats: int = 0) -> dict[str, int]:
-        """gemm_epilogue.c.j2: each thread's block, its C tile, its B panels, then a pass of a
-        transposed A (each 64-byte aligned)."""
+        """gemm_epilogue.c.j2: each thread's block, its C tile, its B panels (whole panels of PACK_NR
+        floats), then a pass of a transposed A (each 64-byte aligned)."""
         tile_floats = -(-tile_floats // 16) * 16 if hint(pack_floats) or apack_floats else tile_floats
-        pack_floats = -(-pack_floats // 16) * 16 if apack_floats and is_static(pack_floats) else pack_floats
         self.k.per_thread((tile_floats + pack_floats + apack_floats) * 4)
         return {"tile_floats": tile_floats, "pack_floats": pack_floats, "apack_floats": apack_floats}
 
@@ -490,8 +489,8 @@ class _Gemm:
         # which row and column block tile t is: a B packed per call changes with the column block, so
         # there the row blocks follow each other (columns first, a thread repacked on nearly every tile)
         # a transposed A whose rows alias in L1 is read by our packed kernel through a copy per pass
-        # (af_sgemm_packed_at): rows 1, 2, 3, 4 KiB apart 1.02, 1.07, 1.08, 1.13x faster so, 1.5 KiB
-        # 1.02x, 8 KiB no other (Xeon with AVX-512)
+        # (af_sgemm_packed_at): rows 1, 2, 3, 4 KiB apart ran 1.02, 1.07, 1.08, 1.13x faster so, rows
+        # 1.5 KiB apart 1.02x (Xeon with AVX-512, alternating with the copy forced)
         a_ld = (apack_ld(mb) if ta and (packed or seg.repack) and not seg.wide and is_static(lda)
                 and int(lda) * 4 % ALIASED_ROW_BYTES == 0 else 0)
         tm, tn = ix.paren(str(tiles_m)), ix.paren(str(tiles_n))
