@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autofusion.calibrate.caches import ReadSample, measured_levels, probe_reads
 from autofusion.calibrate.fit import accuracy, fit_profile, pair_agreement
 from autofusion.calibrate.measure import Timer, TimingOptions, plan_of
 from autofusion.calibrate.models import DEFAULT_CASES, PlanSample, RegionPair, measure_case, region_pairs
@@ -69,6 +70,7 @@ class CalibrationOptions:
     cache_dir: str | None = None
     model_cases: tuple[str, ...] = DEFAULT_CASES  # built-in models whose kernels are timed where they run
     model_runs: int = 15  # profiled runs of each of their plans
+    read_probe: bool = True  # time reads of growing buffers for the cache levels' real sizes and speeds
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class Measurements:
     op_seconds: tuple[tuple[str, float], ...] = ()  # compute seconds per element of pointwise ops
     plans: tuple[PlanSample, ...] = ()  # real models' plans, each group's step timed
     model_seconds: float = 0.0  # what timing them took (outside the budget)
+    read_samples: tuple[ReadSample, ...] = ()  # the memory probe's (caches.py), empty where not run
 
 
 def measure(options: CalibrationOptions, progress: Progress | None = None) -> Measurements:
@@ -113,7 +116,8 @@ def measure(options: CalibrationOptions, progress: Progress | None = None) -> Me
         overhead = timer.measure_overhead()
     except CompileError as e:
         raise CalibrationError(f"cannot compile calibration kernels: {e}") from None
-    plans, model_seconds = _measure_models(options, timer, lambda what: report(what, 0, total))
+    read_samples = _probe(options, timer.threads, lambda what: report(what, 0, total))
+    plans, model_seconds = _measure_models(options, timer, read_samples, lambda what: report(what, 0, total))
     deadline += model_seconds  # the models' time is outside the budget of the generated kernels
     started += model_seconds
     op_seconds: dict[str, float] = {}
@@ -147,14 +151,25 @@ def measure(options: CalibrationOptions, progress: Progress | None = None) -> Me
     report("done", total, total)
     return Measurements(tuple(kernels), tuple(regions), overhead.launch, skipped, time.monotonic() - started,
                         timer.threads, (load_at_start, _load()), tuple(sorted(op_seconds.items())), plans,
-                        model_seconds)
+                        model_seconds, read_samples)
 
 
-def _measure_models(options: CalibrationOptions, timer: Timer,
+def _probe(options: CalibrationOptions, threads: int, report: Callable[[str], None]) -> tuple[ReadSample, ...]:
+    """The memory probe's samples; none where it is off or does not build (the reported sizes stay)."""
+    if not options.read_probe:
+        return ()
+    report("memory probe")
+    try:
+        return probe_reads(threads, last_level=cache_levels()[-1][1])
+    except CompileError:
+        return ()
+
+
+def _measure_models(options: CalibrationOptions, timer: Timer, read_samples: Sequence[ReadSample],
                     report: Callable[[str], None]) -> tuple[tuple[PlanSample, ...], float]:
     """Profile the plans of ``options.model_cases``, planned with the prior profile on this machine."""
     started = time.monotonic()
-    planner = AnalyticCostModel(machine_prior(HardwareProfile.load(options.prior)))
+    planner = AnalyticCostModel(machine_prior(HardwareProfile.load(options.prior), read_samples, timer.threads))
     plans: list[PlanSample] = []
     for case in options.model_cases:
         try:
@@ -164,15 +179,23 @@ def _measure_models(options: CalibrationOptions, timer: Timer,
     return tuple(plans), time.monotonic() - started
 
 
-def machine_prior(prior: HardwareProfile) -> HardwareProfile:
-    """``prior`` with this machine's cache levels (sizes as Linux reports them), each starting from
-    the bandwidth of the prior's level at the same place (its last one beyond)."""
+def machine_prior(prior: HardwareProfile, read_samples: Sequence[ReadSample] = (),
+                  threads: int = 1) -> HardwareProfile:
+    """``prior`` with this machine's cache levels: with the memory probe's ``read_samples`` (taken
+    on ``threads`` threads), the sizes and read speeds it measured (caches.py); else the sizes
+    Linux reports, each starting from the bandwidth of the prior's level at the same place (its
+    last one beyond)."""
     levels = cache_levels()
     if not prior.caches:
         return prior
+    if len(read_samples) >= 2:
+        caches, dram = measured_levels(levels, read_samples, threads)
+        return prior.replace(caches=caches, dram_bandwidth=dram,
+                             stream_bandwidths=tuple(c.bandwidth for c in caches))
     caches = tuple(CacheLevel(name, size, prior.caches[min(i, len(prior.caches) - 1)].bandwidth)
                    for i, (name, size) in enumerate(levels))
-    return prior.replace(caches=caches)
+    same_levels = len(caches) == len(prior.caches)  # else the prior's measured stream speeds fit no level
+    return prior.replace(caches=caches, stream_bandwidths=prior.stream_bandwidths if same_levels else ())
 
 
 def _predict(model: CostModel, graph: Graph, partition: Sequence[Sequence[str]]) -> float:
@@ -196,7 +219,7 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
     train: list[Timed] = [(s.graph, _whole(s.graph), s.seconds) for s in (data.kernels[i] for i in order[n_test:])]
     from_models: list[tuple[str, Timed]] = [(p.family, (p.graph, nodes, seconds))
                                             for p in data.plans for nodes, seconds in p.kernels()]
-    prior = machine_prior(HardwareProfile.load(options.prior))
+    prior = machine_prior(HardwareProfile.load(options.prior), data.read_samples, data.threads)
     prior = prior.replace(op_seconds=FrozenMap(data.op_seconds)) if data.op_seconds else prior
     description = (f"fitted by `autofusion calibrate` on {len(train)} generated kernels and {len(from_models)} "
                    f"kernels of {len(options.model_cases)} models measured on {_cpu_name()} "
@@ -236,7 +259,9 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
                "statistic": options.timing.statistic, "load_average": data.load_average,
                "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "measure_seconds": round(data.seconds, 1), "model_seconds": round(data.model_seconds, 1),
-               "kernels_skipped": data.skipped, "max_elements": options.max_elements, "seed": options.seed,
+               "kernels_skipped": data.skipped,
+               "read_probe": [[s.bytes, s.bandwidth] for s in data.read_samples],
+               "max_elements": options.max_elements, "seed": options.seed,
                **_toolchain(),
                "kinds": {k: sum(1 for s in data.kernels if s.kind == k) for k in sorted({s.kind for s in data.kernels})}}
     profile = models["analytic"].profile  # type: ignore[attr-defined]
