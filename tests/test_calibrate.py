@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,10 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     assert cal.cost_model().name.endswith(":cpu-2core")
     assert "-O" in cal.machine["cflags"] and cal.machine["threads"] >= 1 and cal.machine["statistic"] == "median"
     assert len(cal.profile.op_seconds) >= 10  # the per-op costs were timed
+    # the memory probe ran: its reads are kept, and the cores' stream speeds are its per level
+    probe = cal.machine["read_probe"]
+    assert len(probe) >= 3 and all(size > 0 and speed > 0 for size, speed in probe)
+    assert len(cal.profile.stream_bandwidths) == len(cal.profile.caches)
     assert report["model_cases"] == ["lstm-tiny"] and report["model_kernels"] > 0
     assert [r["plan"] for r in report["analytic"]["plans"]] == ["unfused", "engine", "small"]
     assert isinstance(report["analytic"]["model_pairs_misordered"], list)
@@ -145,6 +150,7 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     code = main(["calibrate", "--show", str(out), "--report"])
     text = capsys.readouterr().out
     assert code == 0 and "kendall tau" in text and "learned" in text and "fitted profile" in text
+    assert "read by a core's stream (memory probe)" in text
     assert "whole runs of the models' plans" in text and "family held out" in text
 
 
@@ -226,3 +232,22 @@ def test_the_clear_pairs_a_model_orders_wrong_are_listed_widest_first() -> None:
     # first, with no ratio
     timed_zero = misordered_pairs([pair(1e-6, 0.0), *pairs], [(0.5, 1.0), *predicted])
     assert timed_zero[0]["measured_ratio"] is None and timed_zero[1:] == wrong
+
+
+def test_fit_prices_streamed_weights_at_the_probes_speed_and_fits_the_rest() -> None:
+    caches = (CacheLevel("L1", 1 << 16, 3e11), CacheLevel("L2", 1 << 21, 9e10), CacheLevel("L3", 1 << 26, 3e10))
+    truth = HardwareProfile("truth", 4e10, caches, 2e10, 1e-7, 2e-6, stream_bandwidths=(4e11, 2e11, 6e10))
+    rng = np.random.default_rng(2)
+    terms = [replace(t, const_traffic=s, streamed_const=s, resident_bytes=s)
+             for t, s in zip(_terms(rng, 200), (int(2 ** rng.uniform(10, 25)) for _ in range(200)))]
+    times = [analytic_seconds(t, truth).total for t in terms]
+    prior = truth.replace(peak_flops=1e11, dram_bandwidth=5e9, caches=tuple(replace(c, bandwidth=1e11) for c in caches))
+    fitted = fit_profile(terms, times, prior, launch_seconds=1e-7, name="fitted", description="test")
+    assert fitted.stream_bandwidths == truth.stream_bandwidths  # measured, kept
+    for got, want in [(fitted.peak_flops, 4e10), (fitted.caches[1].bandwidth, 9e10), (fitted.caches[2].bandwidth, 3e10)]:
+        assert got == pytest.approx(want, rel=0.2)
+    # the same kernels fitted without the probe's speeds: the cache levels absorb the streams
+    blind = fit_profile(terms, times, prior.replace(stream_bandwidths=()), 1e-7, "blind", "test")
+    assert blind.stream_bandwidths == ()
+    errors = [abs(analytic_seconds(t, p).total / m - 1) for p in (fitted, blind) for t, m in zip(terms, times)]
+    assert np.median(errors[:200]) < np.median(errors[200:])

@@ -271,3 +271,33 @@ def test_learned_correction_only_inside_the_fitted_structure() -> None:
     assert LearnedCostModel(narrow, profile).group_cost(g, names).seconds == pytest.approx(analytic)
     assert LearnedCostModel(wide, profile).group_cost(g, names).seconds == pytest.approx(
         analytic * np.exp(wide.correction(x)))
+
+
+def test_a_core_streams_its_weight_at_the_measured_stream_speed(tmp_path: Path) -> None:
+    b = GraphBuilder("gemv")
+    x = b.input("x", (1, 512))
+    w = b.const(np.ones((512, 2048), np.float32))
+    y = b.op("MatMul", x, w)
+    g = b.build([b.op("Add", y, b.const(np.ones(2048, np.float32)))])
+    core, bias = g.nodes[0].name, g.nodes[1].name
+    slow = HardwareProfile("slow", 1e13, (CacheLevel("L1", 1 << 15, 1e11), CacheLevel("L2", 1 << 25, 1e10)),
+                           5e9, 0.0, 0.0)
+    streaming = slow.replace(stream_bandwidths=(2e11, 4e10))
+    terms = AnalyticCostModel(slow).terms(g, [core])
+    assert terms.streamed_const == terms.const_traffic == 512 * 2048 * 4  # the weight, read by the core
+    assert AnalyticCostModel(slow).terms(g, [bias]).streamed_const == 0  # a bias added by a loop nest
+    weight_seconds = 512 * 2048 * 4 / 4e10  # 4 MiB of weights: in L2, streamed at 40 GB/s, not 10
+    other = (terms.traffic - terms.const_traffic) / 1e10
+    assert analytic_seconds(terms, streaming).memory == pytest.approx(weight_seconds + other)
+    assert analytic_seconds(terms, slow).memory == pytest.approx(terms.traffic / 1e10)
+    # beyond the caches, weights come at the fitted DRAM speed either way
+    assert streaming.stream_bandwidth_for(1 << 30) == streaming.bandwidth_for(1 << 30) == 5e9
+    path = tmp_path / "streaming.json"
+    path.write_text(json.dumps(streaming.to_json()))
+    assert HardwareProfile.load(path) == streaming
+    assert "stream_bandwidths" not in slow.to_json()
+    with pytest.raises(ValueError, match="2 cache levels"):
+        slow.replace(stream_bandwidths=(1e11,))
+    path.write_text(json.dumps({**streaming.to_json(), "stream_bandwidths": [1e11]}))
+    with pytest.raises(ValueError, match="malformed"):
+        HardwareProfile.load(path)

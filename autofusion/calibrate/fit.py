@@ -2,7 +2,10 @@
 
 The analytic model predicts ``overhead + max(sum of bytes / bandwidth[level], flops / peak)`` per
 kernel, the weights' bytes at the level all the graph's weights fit in, the rest at the level of the
-kernel's working set.
+kernel's working set. Weights a matrix-product core streams are read at the speed the memory probe
+measured for their level (calibrate/caches.py), where the prior has it, and are not fitted: the
+loop nests' traffic fitted at 33 GB/s in L3 on a Xeon whose L3 streams 54, and priced an LSTM's
+re-read weights 1.7x too slow.
 Its constants (the per-kernel overhead, the bandwidth of every cache level that measured kernels'
 working sets fell in, the peak flop rate) are fitted by robust least squares on log time, so a
 10 microsecond kernel weighs as much as a 10 millisecond one. A level no kernel fell in keeps the
@@ -81,11 +84,19 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     """
     if len(terms) != len(seconds) or len(terms) < 4:
         raise ValueError(f"need at least 4 measured kernels to fit a profile, got {len(terms)}")
-    splits = [t.memory_split() for t in terms]  # (constants, activations): bytes and where they live
-    nbytes = np.array([[b for b, _ in split] for split in splits], dtype=np.float64)
+    splits = [t.memory_split() for t in terms]  # (bytes, where they live, streamed by a core) per part
+    streamed = np.array([stream for *_, stream in splits[0]], dtype=bool)
+    nbytes = np.array([[b for b, _, _ in split] for split in splits], dtype=np.float64)
+    level = np.array([[prior.level_index(ws) for _, ws, _ in split] for split in splits])
+    # read at the probe's measured speed, not fitted (in a cache level, where the prior has them)
+    fixed = streamed[None, :] & (level < len(prior.stream_bandwidths))
+    speeds = np.ones(len(prior.bandwidths))
+    speeds[:len(prior.stream_bandwidths)] = prior.stream_bandwidths
+    speeds = speeds[level]
+    streamed_seconds = np.where(fixed, nbytes / speeds, 0.0).sum(axis=1)
+    nbytes = np.where(fixed, 0.0, nbytes)
     parts = np.array([compute_parts(t, prior.op_seconds) for t in terms], dtype=np.float64)
     measured, plain, math_, matmul = parts.T
-    level = np.array([[prior.level_index(ws) for _, ws in split] for split in splits])
     target = np.log(np.asarray(seconds, dtype=np.float64))
     levels = len(prior.bandwidths)
     fitted = [lv for lv in range(levels) if int(((level == lv) & (nbytes > 0)).any(axis=1).sum()) >= MIN_PER_LEVEL]
@@ -113,7 +124,7 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
         matmul_rate = math.exp(params[2] if fit_matmul else params[1])
         math_rate = math.exp(params[3] if fit_math else params[1])
         compute = measured + plain / math.exp(params[1]) + matmul / matmul_rate + math_ / math_rate
-        memory = (nbytes / bandwidths(params)[level]).sum(axis=1)
+        memory = (nbytes / bandwidths(params)[level]).sum(axis=1) + streamed_seconds
         return math.exp(params[0]) + np.maximum(memory, compute)
 
     steps = [max(0.0, math.log(prior_bw[a] / prior_bw[b])) for b, a in zip(slow, slow[1:])]
@@ -138,4 +149,5 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     math_peak = float(math.exp(params[3])) if fit_math else prior.math_peak_flops
     return HardwareProfile(name, float(math.exp(params[1])), caches, float(bw[-1]), launch, overhead - launch,
                            description, matmul_peak, math_peak, prior.op_seconds,
-                           prior.package_watts, prior.joules_per_byte, prior.energy_source)  # energy: not measured
+                           prior.package_watts, prior.joules_per_byte, prior.energy_source,  # energy: not measured
+                           prior.stream_bandwidths)

@@ -272,6 +272,8 @@ def _print_report(out: Output, calibration: Any, heading: str, path: str, as_jso
     p = calibration.profile
     out.fields("fitted profile", [("peak flop/s", p.peak_flops)]
                + [(f"{c.level} bandwidth (<= {c.bytes:,} B)", c.bandwidth) for c in p.caches]
+               + [(f"{c.level} read by a core's stream (memory probe)", bw)
+                  for c, bw in zip(p.caches, p.stream_bandwidths)]
                + [("DRAM bandwidth", p.dram_bandwidth), ("matmul flop/s", p.matmul_flops_rate),
                   ("math-routine flop/s", p.math_flops_rate), ("launch seconds", p.launch_seconds),
                   ("sync seconds", p.sync_seconds), ("ops with a measured cost", len(p.op_seconds))])

@@ -72,6 +72,15 @@ class HardwareProfile:
     package_watts: float = 0.0
     joules_per_byte: float = 0.0
     energy_source: str = ""
+    # each cache level's read speed as a stream of reads measures it (calibrate's memory probe):
+    # what a packed core streaming its weights from there gets; () where not measured. From DRAM
+    # they come at dram_bandwidth (fitted: the probe's DRAM reads vary 22-29 GB/s by the minute)
+    stream_bandwidths: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.stream_bandwidths and len(self.stream_bandwidths) != len(self.caches):
+            raise ValueError(f"stream_bandwidths: {len(self.stream_bandwidths)} values for "
+                             f"{len(self.caches)} cache levels")
 
     @property
     def matmul_flops_rate(self) -> float:
@@ -87,6 +96,14 @@ class HardwareProfile:
             if working_set <= c.bytes:
                 return c.bandwidth
         return self.dram_bandwidth
+
+    def stream_bandwidth_for(self, working_set: int) -> float:
+        """Read speed of a stream from the level the working set fits in (``bandwidth_for`` where
+        the profile has no measured stream speeds)."""
+        level = self.level_index(working_set)
+        if not self.stream_bandwidths or level == len(self.caches):
+            return self.bandwidth_for(working_set)
+        return self.stream_bandwidths[level]
 
     def level_index(self, working_set: int) -> int:
         """0 for the first cache level the working set fits in, ..., ``len(caches)`` for DRAM."""
@@ -119,7 +136,8 @@ class HardwareProfile:
         data["op_seconds"] = dict(sorted(self.op_seconds.items()))
         if not self.op_seconds:
             del data["op_seconds"]
-        for optional in ("package_watts", "joules_per_byte", "energy_source"):
+        data["stream_bandwidths"] = list(self.stream_bandwidths)
+        for optional in ("package_watts", "joules_per_byte", "energy_source", "stream_bandwidths"):
             if not data[optional]:
                 del data[optional]
         return data
@@ -141,6 +159,7 @@ class HardwareProfile:
             package_watts=float(data.get("package_watts", 0.0)),
             joules_per_byte=float(data.get("joules_per_byte", 0.0)),
             energy_source=str(data.get("energy_source", "")),
+            stream_bandwidths=tuple(float(b) for b in data.get("stream_bandwidths", ())),
         )
 
     @classmethod
@@ -251,6 +270,7 @@ class GroupTerms:
     reread_bytes: int = 0
     const_traffic: int = 0  # the part of the traffic (reads included) that reads constants (weights)
     resident_bytes: int = 0  # the graph's constants in all: where weights live between two runs
+    streamed_const: int = 0  # the part of const_traffic opaque cores read: packed weights, streamed
 
     @property
     def bytes(self) -> int:
@@ -262,12 +282,14 @@ class GroupTerms:
         """Bytes moved, with the reads of every core that reads an input again."""
         return self.bytes + self.reread_bytes
 
-    def memory_split(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        """((constant bytes, the working set that places them), (other bytes, theirs)): weights come
-        from where all the graph's constants fit, since the rest of the model runs between two uses;
-        activations from where the kernel's own working set fits."""
-        return ((self.const_traffic, max(self.resident_bytes, self.bytes)),
-                (self.traffic - self.const_traffic, self.bytes))
+    def memory_split(self) -> tuple[tuple[int, int, bool], ...]:
+        """(bytes, the working set that places them, whether a core streams them) for the weights
+        cores read, the other constants and the rest: weights come from where all the graph's
+        constants fit, since the rest of the model runs between two uses; activations from where
+        the kernel's own working set fits."""
+        placed = max(self.resident_bytes, self.bytes)
+        return ((self.streamed_const, placed, True), (self.const_traffic - self.streamed_const, placed, False),
+                (self.traffic - self.const_traffic, self.bytes, False))
 
     @property
     def recompute_flops(self) -> float:
@@ -299,9 +321,9 @@ def group_terms(graph: Graph, nodes: Sequence[str], work: NodeWork) -> GroupTerm
             evals, fl, _ = by_op.get(cost.op, (0.0, 0.0, cost.math))
             by_op[cost.op] = (evals + demand[n], fl + cost.flops * demand[n] / cost.numel, cost.math)
     pointwise = tuple((op, e, f, m) for op, (e, f, m) in sorted(by_op.items()))
-    reread, const_traffic = _reads(graph, nodes, read, work)
+    reread, const_traffic, streamed = _reads(graph, nodes, read, work)
     return GroupTerms(int(bytes_in), int(bytes_out), int(kept), float(flops), once, 1, float(matmul), float(math),
-                      pointwise, reread, const_traffic, graph.parameter_bytes)
+                      pointwise, reread, const_traffic, graph.parameter_bytes, streamed)
 
 
 def _input_reads(graph: Graph, nodes: Sequence[str], inputs: Sequence[str], work: NodeWork) -> dict[str, int]:
@@ -325,8 +347,9 @@ def _input_reads(graph: Graph, nodes: Sequence[str], inputs: Sequence[str], work
             for t in inputs}
 
 
-def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeWork) -> tuple[int, int]:
-    """(bytes read again, bytes of constants read in all) by ``nodes`` run as one kernel. An opaque
+def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeWork) -> tuple[int, int, int]:
+    """(bytes read again, bytes of constants read in all, the part of those cores read) by ``nodes``
+    run as one kernel. An opaque
     core streams its operands from memory. In a kernel whose cores run one after another (one core
     waits for another's result: an LSTM's steps) every such core reads its operands again, a weight
     once a step, and the cores that wait for none (an LSTM's input projections) are computed
@@ -344,14 +367,15 @@ def _reads(graph: Graph, nodes: Sequence[str], read: dict[str, int], work: NodeW
                     if free_core:
                         ahead[i] = ahead.get(i, 0) + 1
     in_turn = bool(waiting) and any(count > 1 for count in readers.values())
-    reread = const = 0
+    reread = const = streamed = 0
     for t, nbytes in read.items():
         reads = readers.get(t, 1) - ahead.get(t, 0) + -(-ahead.get(t, 0) // LOOKAHEAD_STEPS)
         extra = nbytes * (max(1, reads) - 1) if in_turn else 0
         reread += extra
         if t in graph.constants:
             const += nbytes + extra
-    return reread, const
+            streamed += nbytes + extra if t in readers else 0
+    return reread, const, streamed
 
 
 def _cores_by_dependence(graph: Graph, nodes: Sequence[str], work: NodeWork) -> tuple[list[str], list[str]]:
@@ -406,7 +430,8 @@ def analytic_seconds(terms: GroupTerms, profile: HardwareProfile) -> AnalyticSec
     measured, plain, math, matmul = compute_parts(terms, profile.op_seconds)
     compute = (measured + plain / profile.peak_flops + math / profile.math_flops_rate
                + matmul / profile.matmul_flops_rate)
-    memory = sum(nbytes / profile.bandwidth_for(working_set) for nbytes, working_set in terms.memory_split())
+    memory = sum(nbytes / (profile.stream_bandwidth_for(working_set) if streamed else profile.bandwidth_for(working_set))
+                 for nbytes, working_set, streamed in terms.memory_split())
     return AnalyticSeconds(memory, compute, profile.launch_seconds, profile.sync_seconds)
 
 
