@@ -57,7 +57,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--model-kernels", default="default", metavar="NAMES",
                    help="built-in models (name or name:seq) whose plans are profiled where they run, their "
                         "kernels fitted with the generated ones, their whole runs predicted (comma-separated; "
-                        "default: bert-base:8,resnet18,lstm; none: skip; timed outside --budget)")
+                        "default: bert-base:8,resnet18,lstm,gpt2,bert-base; none: skip; timed outside --budget)")
     p.add_argument("--show", nargs="?", const="", metavar="FILE",
                    help="print the report of an existing calibration file (default: the one the engine uses) "
                         "instead of measuring")
