@@ -26,6 +26,7 @@ from autofusion.calibrate import (
     random_kernel,
 )
 from autofusion.cli.main import main
+from autofusion.codegen.cores import cpu_model
 from autofusion.decide.cost import CacheLevel, GroupTerms, HardwareProfile, analytic_seconds
 from autofusion.decide.learned import load_calibration
 from autofusion.ir import run_graph, verify
@@ -143,6 +144,7 @@ def test_calibrate_command_on_a_tiny_budget(tmp_path: Path, capsys: pytest.Captu
     probe = cal.machine["read_probe"]
     assert len(probe) >= 3 and all(size > 0 and speed > 0 for size, speed in probe)
     assert len(cal.profile.stream_bandwidths) == len(cal.profile.caches)
+    assert cal.profile.fitted_on == cpu_model()  # where the constants were measured
     assert report["model_cases"] == ["lstm-tiny"] and report["model_kernels"] > 0
     assert [r["plan"] for r in report["analytic"]["plans"]] == ["unfused", "engine", "small"]
     assert isinstance(report["analytic"]["model_pairs_misordered"], list)

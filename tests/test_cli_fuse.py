@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from autofusion.cli.main import main
+from autofusion.codegen.cores import cpu_model
 
 KEYS = {"kernels_before", "kernels_after", "intermediate_bytes_before", "intermediate_bytes_after",
         "cost_before", "cost_after", "seconds"}
@@ -44,7 +45,9 @@ def test_explain_names_rules_with_file_and_line(capsys: pytest.CaptureFixture[st
                                       "guard-rejects", "no-fuse-scope", "no-template-for-group",
                                       "over-memory-bound"}
     assert main(["explain", "bert-tiny", "--limit", "3"]) == 0
-    assert "why pairs were not fused" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "why pairs were not fused" in text
+    assert ("not this CPU" in text) == (cpu_model() != report["cost_model_fitted_on"] != "")  # the hint to calibrate
 
 
 def test_fuse_emits_sources_and_run_c_matches_reference(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

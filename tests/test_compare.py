@@ -63,11 +63,15 @@ def test_measured_plans_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "the default strategy's plan under analytic:cpu-2core: +" in capsys.readouterr().out
 
 
-def test_the_text_table(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_text_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.codegen import cores
+
+    monkeypatch.setattr(cores, "cpu_model", lambda: "Some Other CPU")
     assert main(["compare", "bert-tiny", "--strategies", "greedy", "--cost-models", "analytic"]) == 0
     out = capsys.readouterr().out
     assert "plans of bert-tiny (2 threads)" in out and re.search(r"greedy\s+analytic:cpu-2core\s+\d+", out)
     assert "energy of analytic:cpu-2core: cpu-2core: 7.5 W" in out
+    assert "analytic:cpu-2core: its constants were measured on AMD EPYC, not this CPU (Some Other CPU)" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -301,3 +301,26 @@ def test_a_core_streams_its_weight_at_the_measured_stream_speed(tmp_path: Path) 
     path.write_text(json.dumps({**streaming.to_json(), "stream_bandwidths": [1e11]}))
     with pytest.raises(ValueError, match="malformed"):
         HardwareProfile.load(path)
+
+
+def test_a_model_measured_on_another_cpu_says_to_calibrate(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from autofusion.cli.main import main
+    from autofusion.codegen import cores
+    from autofusion.decide.summary import cost_model_text
+
+    stats = {"cost_model": "analytic:cpu-2core", "cost_model_source": "shipped profile cpu-2core",
+             "cost_model_fitted_on": "AMD EPYC"}
+    assert "measured on AMD EPYC, not this CPU (Intel Xeon)" in cost_model_text(stats, "Intel Xeon")
+    assert cost_model_text(stats, "AMD EPYC") == "analytic:cpu-2core, shipped profile cpu-2core"
+    assert "calibrate" not in cost_model_text({**stats, "cost_model_fitted_on": ""}, "Intel Xeon")
+    assert HardwareProfile.load("cpu-2core").fitted_on == "AMD EPYC"  # the shipped constants say where from
+    assert load_calibration(SHIPPED_CALIBRATION).profile.fitted_on == "AMD EPYC"
+    monkeypatch.setenv("AUTOFUSION_CALIBRATION", "none")
+    monkeypatch.setattr(cores, "cpu_model", lambda: "Some Other CPU")
+    assert main(["fuse", "bert-tiny"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "measured on AMD EPYC, not this CPU (Some Other CPU): `autofusion calibrate` fits them here" in text
+    monkeypatch.setattr(cores, "cpu_model", lambda: "AMD EPYC")
+    assert main(["fuse", "bert-tiny"]) == 0
+    assert "autofusion calibrate" not in capsys.readouterr().out

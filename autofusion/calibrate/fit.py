@@ -150,4 +150,4 @@ def fit_profile(terms: Sequence[GroupTerms], seconds: Sequence[float], prior: Ha
     return HardwareProfile(name, float(math.exp(params[1])), caches, float(bw[-1]), launch, overhead - launch,
                            description, matmul_peak, math_peak, prior.op_seconds,
                            prior.package_watts, prior.joules_per_byte, prior.energy_source,  # energy: not measured
-                           prior.stream_bandwidths)
+                           prior.stream_bandwidths, prior.fitted_on)

@@ -27,7 +27,7 @@ from autofusion.calibrate.measure import Timer, TimingOptions, plan_of
 from autofusion.calibrate.models import DEFAULT_CASES, PlanSample, RegionPair, measure_case, region_pairs
 from autofusion.calibrate.opcosts import measure_op_seconds
 from autofusion.calibrate.specs import alternatives, random_feeds, random_kernel
-from autofusion.codegen.cores import cache_levels
+from autofusion.codegen.cores import cache_levels, cpu_model
 from autofusion.codegen.errors import CodegenError
 from autofusion.decide.cost import AnalyticCostModel, CacheLevel, CostModel, HardwareProfile
 from autofusion.decide.learned import Calibration, LearnedCostModel, LearnedParams, fit_learned, group_features
@@ -219,10 +219,11 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
     train: list[Timed] = [(s.graph, _whole(s.graph), s.seconds) for s in (data.kernels[i] for i in order[n_test:])]
     from_models: list[tuple[str, Timed]] = [(p.family, (p.graph, nodes, seconds))
                                             for p in data.plans for nodes, seconds in p.kernels()]
-    prior = machine_prior(HardwareProfile.load(options.prior), data.read_samples, data.threads)
+    prior = machine_prior(HardwareProfile.load(options.prior), data.read_samples, data.threads).replace(
+        fitted_on=cpu_model())
     prior = prior.replace(op_seconds=FrozenMap(data.op_seconds)) if data.op_seconds else prior
     description = (f"fitted by `autofusion calibrate` on {len(train)} generated kernels and {len(from_models)} "
-                   f"kernels of {len(options.model_cases)} models measured on {_cpu_name()} "
+                   f"kernels of {len(options.model_cases)} models measured on {cpu_model()} "
                    f"({os.cpu_count()} cores; kernels on {data.threads} thread(s), {options.timing.statistic} of "
                    f"repeats) on {datetime.date.today().isoformat()}")
 
@@ -255,7 +256,7 @@ def fit(data: Measurements, options: CalibrationOptions, registry: OpRegistry | 
     report["target_met"] = bool(report["learned"]["kendall_tau"] >= TARGET_TAU)  # type: ignore[index]
     default = _choose(report)
     report["default_model"] = default
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "threads": data.threads,
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": data.threads,
                "statistic": options.timing.statistic, "load_average": data.load_average,
                "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "measure_seconds": round(data.seconds, 1), "model_seconds": round(data.model_seconds, 1),
@@ -371,14 +372,3 @@ def _load() -> float:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return 0.0
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

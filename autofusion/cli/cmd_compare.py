@@ -71,9 +71,9 @@ def _cost_models(names: list[str], registry: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from autofusion import plugins
-    from autofusion.api import optimize
+    from autofusion.api import fitted_on, optimize
     from autofusion.bench.compare import compare_plans, html_page, summary
-    from autofusion.codegen import render_plan
+    from autofusion.codegen import cores, render_plan
     from autofusion.dsl import RuleError
 
     try:
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         rows = _measured(args, loaded.graph, rows, plans, cost_models)
     data = {"model": loaded.source, "threads": args.threads, "measured": bool(args.measure),
             "rows": [r.to_json() for r in rows], "summary": summary(rows),
-            "energy_sources": {name: _energy_source(m) for name, m in cost_models.items()}}
+            "energy_sources": {name: _energy_source(m) for name, m in cost_models.items()},
+            "fitted_on": {name: fitted_on(m) for name, m in cost_models.items()}, "this_cpu": cores.cpu_model()}
     if args.html:
         folder = Path(args.html)
         try:
@@ -226,5 +227,9 @@ def _print(out: Output, data: dict[str, Any]) -> None:
     if "median_abs_tuned_time_error" in s:
         out.line(f"with the cores at their tuned rate: median error {s['median_abs_tuned_time_error']:.1%}, "
                  f"worst {s['max_abs_tuned_time_error']:.1%}")
+    for name, cpu in data["fitted_on"].items():
+        if cpu and cpu != data["this_cpu"]:
+            out.line(f"{name}: its constants were measured on {cpu}, not this CPU ({data['this_cpu']}): "
+                     f"`autofusion calibrate` fits them here in 2-3 minutes")
     if data.get("html"):
         out.line(f"wrote {data['html']}")

@@ -7,6 +7,7 @@ from typing import Any
 
 from autofusion.cli.cmd_fuse import add_plan_arguments, make_plan
 from autofusion.cli.common import Output
+from autofusion.codegen import cores
 from autofusion.decide.explain import explain_report
 from autofusion.decide.summary import cost_model_text, priced_text
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         out.json(report)
         return 0
     limit = args.limit or None
-    out.line(f"cost model: {cost_model_text(report)}")
+    out.line(f"cost model: {cost_model_text(report, cores.cpu_model())}")
     if report["priced_at"]:
         out.line(f"symbolic sizes: {priced_text(report)}")
     out.table("rules that fired", ("rule", "kind", "where", "times"),

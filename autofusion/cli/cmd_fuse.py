@@ -80,6 +80,7 @@ def make_plan(args: argparse.Namespace, symbolic: bool = False) -> tuple[Any, An
 
 
 def run(args: argparse.Namespace) -> int:
+    from autofusion.codegen import cores
     from autofusion.decide.summary import cost_model_text, plan_summary, priced_text
     from autofusion.plugins import registry_with_plugins
 
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     s = summary
     out.fields(f"fusion plan for {loaded.source} ({s['strategy']}, {s['cost_model']})", [
-        ("cost model", cost_model_text(s)),
+        ("cost model", cost_model_text(s, cores.cpu_model())),
         *([("symbolic sizes", priced_text(s))] if s["priced_at"] else []),
         ("kernels", f"{s['kernels_before']} -> {s['kernels_after']}"),
         ("intermediates materialised", f"{human_bytes(s['intermediate_bytes_before'])} -> "

@@ -76,6 +76,7 @@ class HardwareProfile:
     # what a packed core streaming its weights from there gets; () where not measured. From DRAM
     # they come at dram_bandwidth (fitted: the probe's DRAM reads vary 22-29 GB/s by the minute)
     stream_bandwidths: tuple[float, ...] = ()
+    fitted_on: str = ""  # the CPU (its model name) the constants were measured on; "" for published figures
 
     def __post_init__(self) -> None:
         if self.stream_bandwidths and len(self.stream_bandwidths) != len(self.caches):
@@ -137,7 +138,7 @@ class HardwareProfile:
         if not self.op_seconds:
             del data["op_seconds"]
         data["stream_bandwidths"] = list(self.stream_bandwidths)
-        for optional in ("package_watts", "joules_per_byte", "energy_source", "stream_bandwidths"):
+        for optional in ("package_watts", "joules_per_byte", "energy_source", "stream_bandwidths", "fitted_on"):
             if not data[optional]:
                 del data[optional]
         return data
@@ -160,6 +161,7 @@ class HardwareProfile:
             joules_per_byte=float(data.get("joules_per_byte", 0.0)),
             energy_source=str(data.get("energy_source", "")),
             stream_bandwidths=tuple(float(b) for b in data.get("stream_bandwidths", ())),
+            fitted_on=str(data.get("fitted_on", "")),
         )
 
     @classmethod

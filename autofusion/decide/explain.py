@@ -32,6 +32,7 @@ def explain_report(plan: Plan) -> dict[str, Any]:
                 "ops": [graph.node_by_name[u.producer].op, graph.node_by_name[u.consumer].op]} for u in plan.unfused]
     reasons = Counter(u["reason"] for u in unfused)
     return {"cost_model": stats.get("cost_model", ""), "cost_model_source": stats.get("cost_model_source", ""),
+            "cost_model_fitted_on": stats.get("cost_model_fitted_on", ""),
             "rules": rules, "kernels": kernels, "unfused": unfused, "reasons": dict(reasons),
             "rewritten_nodes": dict(stats.get("rewritten_nodes", {})),
             "undecided_guards": {**stats.get("saturation", {}).get("undecided", {}), **stats.get("fusion_undecided", {})},

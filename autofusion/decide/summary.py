@@ -26,12 +26,19 @@ def intermediate_bytes_fused(graph: Graph, groups: Iterable[FusedGroup]) -> int:
     return sum(graph.types[o].nbytes for g in groups if g.template != "view" for o in g.outputs if o not in outputs)
 
 
-def cost_model_text(stats: Any) -> str:
-    """Which cost model planned, and where its constants came from (a calibration file, a profile)."""
+def cost_model_text(stats: Any, this_cpu: str = "") -> str:
+    """Which cost model planned, and where its constants came from (a calibration file, a profile);
+    with ``this_cpu``, a hint to calibrate where they were measured on another CPU."""
     name, source = str(stats.get("cost_model", "")), str(stats.get("cost_model_source", ""))
+    fitted = str(stats.get("cost_model_fitted_on", ""))
     if source.endswith(".json"):
-        return f"{name}, calibration {source} (AUTOFUSION_CALIBRATION=none plans with the analytic model)"
-    return f"{name}, {source}" if source else name
+        text = f"{name}, calibration {source} (AUTOFUSION_CALIBRATION=none plans with the analytic model)"
+    else:
+        text = f"{name}, {source}" if source else name
+    if fitted and this_cpu and fitted != this_cpu:
+        text += (f"; its constants were measured on {fitted}, not this CPU ({this_cpu}): `autofusion calibrate` "
+                 f"fits them here in 2-3 minutes")
+    return text
 
 
 def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) -> dict[str, Any]:
@@ -52,6 +59,7 @@ def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) 
         "strategy": plan.strategy,
         "cost_model": stats.get("cost_model", ""),
         "cost_model_source": stats.get("cost_model_source", ""),
+        "cost_model_fitted_on": stats.get("cost_model_fitted_on", ""),
         "kernels_before": int(stats.get("kernels_source", 0)),
         "kernels_after": plan.kernels,
         "intermediate_bytes_before": intermediate_bytes_unfused(source, registry),
