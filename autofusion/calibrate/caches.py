@@ -78,6 +78,8 @@ def probe_reads(threads: int, toolchain: Toolchain | None = None, largest: int |
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         # small pages (numpy asks for huge ones, which this VM faulted in at 5.8 s a GiB, 0.6 s small)
         memory = mmap.mmap(-1, largest)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where huge pages are the system's default
+            memory.madvise(mmap.MADV_NOHUGEPAGE)
         buffer = np.frombuffer(memory, np.float32)
         sink = np.zeros(1, np.float32)
         samples: list[ReadSample] = []
