@@ -82,3 +82,22 @@ def test_the_calibration_prior_takes_the_probe() -> None:
     probed = machine_prior(prior, VM, threads=2)
     levels, dram = measured_levels(cache_levels(), VM, 2)
     assert probed.caches == levels and probed.dram_bandwidth == dram
+
+
+def test_a_probe_slowed_by_other_work_is_not_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.calibrate import run
+
+    busy = curve({64 * KiB: 0.013, 256 * KiB: 0.034, 1 * MiB: 0.13, 4 * MiB: 0.54})
+    assert run.contended(busy) and not run.contended(VM)
+    calls: list[int] = []
+
+    def probe(threads: int, last_level: int) -> list[ReadSample]:
+        calls.append(threads)
+        return busy
+
+    monkeypatch.setattr(run, "probe_reads", probe)
+    with pytest.warns(RuntimeWarning, match="slowed by other work"):
+        assert run._probe(run.CalibrationOptions(), 2, lambda what: None) == ()
+    assert calls == [2, 2]  # tried twice
+    monkeypatch.setattr(run, "probe_reads", lambda threads, last_level: VM)
+    assert run._probe(run.CalibrationOptions(), 2, lambda what: None) == VM

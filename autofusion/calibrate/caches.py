@@ -94,6 +94,13 @@ def probe_reads(threads: int, toolchain: Toolchain | None = None, largest: int |
     return tuple(samples)
 
 
+def contended(samples: Sequence[ReadSample]) -> bool:
+    """Whether the probe's reads look slowed by other work: the smallest buffer, in L1, is read at
+    less than half the fastest speed (beside a test suite on both cores, each call waited ~5 ms
+    for its threads: 13 MB/s at 64 KiB, 540 MB/s at 4 MiB)."""
+    return bool(samples) and samples[0].bandwidth < 0.5 * max(s.bandwidth for s in samples)
+
+
 def _beyond_caches(samples: Sequence[ReadSample], last_level: int) -> bool:
     """Whether the last two samples read alike, below MIN_DROP times a faster read beyond the
     caches' reported bytes' quarter (DRAM reached), or the last is 4 times the reported bytes."""
