@@ -17,6 +17,7 @@ import mmap
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from autofusion.runtime import CompileError, Toolchain, detect_toolchain
 SMALLEST = 64 << 10
 LARGEST = 1 << 30  # bytes; less where the machine has less memory free (a quarter of it)
 SECONDS_PER_SIZE = 0.005  # reads per round, at least: each size is read for 3 rounds of this
-PLATEAU_MARGIN = 4  # the last level's own speed: sizes from this many times the level before it on
+PLATEAU_MARGIN = 4  # the last level's own speed is read from buffers this many times the level before it
 MIN_DROP = 1.3  # a last level read at less than this times DRAM's speed is not told apart from it
 
 _PROBE_C = r"""
@@ -112,6 +113,8 @@ def _beyond_caches(samples: Sequence[ReadSample], last_level: int) -> bool:
     faster = max(s.bandwidth for s in samples[:-2])
     return abs(a.bandwidth - b.bandwidth) <= 0.1 * b.bandwidth and faster >= MIN_DROP * b.bandwidth \
         and b.bytes > last_level // 4
+
+
 def _largest_buffer() -> int:
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -135,11 +138,10 @@ def _build(tc: Toolchain, workdir: Path) -> ctypes.CDLL:
 
 
 def _bandwidth(fn: Any, buffer: np.ndarray, size: int, threads: int, sink: np.ndarray) -> float:
-    import time
-
+    """Bytes per second of the fastest of 3 rounds of sums over ``buffer[:size]``."""
     n = size // 4
     fn(buffer.ctypes.data, n, 1, threads, sink.ctypes.data)  # warm: the buffer where it will stay
-    reps, best = 1, math.inf
+    reps = 1
     while True:  # enough sums that a round takes SECONDS_PER_SIZE
         start = time.perf_counter()
         fn(buffer.ctypes.data, n, reps, threads, sink.ctypes.data)
@@ -162,7 +164,7 @@ def measured_levels(reported: Sequence[tuple[str, int]], samples: Sequence[ReadS
     probe read buffers beyond it at DRAM speed (the largest buffer's), shrinks to the largest
     buffer still read faster than the geometric mean of its own speed and DRAM's; each level's
     bandwidth is the fastest read of a buffer it holds (on ``threads`` threads: private levels hold
-    ``threads`` times their size) and more than the level before it does."""
+    ``threads`` times their size), or the level before it's where the probe read none it holds."""
     samples = sorted(samples, key=lambda s: s.bytes)
     if not reported or len(samples) < 2:
         raise ValueError("need the reported cache levels and at least 2 probe samples")
