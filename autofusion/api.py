@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autofusion.decide.cost import CostModel
+from autofusion.decide.cost import CostModel, model_profile
 from autofusion.decide.default_model import default_cost_model
 from autofusion.decide.optimize import decide, graph_kernels
 from autofusion.decide.plan import Plan
@@ -34,15 +34,6 @@ from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpRegistry
 
 RulesArg = RuleSet | Sequence[str | Path] | str | Path | None
-
-
-def fitted_on(cost_model: CostModel) -> str:
-    """The CPU a model's hardware constants were measured on ("" if unknown or not a profile's)."""
-    for holder in (cost_model, getattr(cost_model, "analytic", None)):
-        profile = getattr(holder, "profile", None)
-        if profile is not None:
-            return str(getattr(profile, "fitted_on", ""))
-    return ""
 
 
 def load_ruleset(rules: RulesArg, registry: OpRegistry | None = None, kinds: KindRegistry | None = None) -> RuleSet:
@@ -96,7 +87,7 @@ def _optimize(graph: Graph, rules: RulesArg, cost_model: CostModel | None, strat
     stats.update({
         "kernels_source": graph_kernels(graph, registry),
         "cost_model_source": str(getattr(cost_model, "source", "")),
-        "cost_model_fitted_on": fitted_on(cost_model),
+        "cost_model_fitted_on": getattr(model_profile(cost_model), "fitted_on", ""),  # the CPU measured on
         "seconds_rules": t1 - t0,
         "seconds_saturate": (t2 - t1 - rewritten.extract_seconds) + (t3 - t2),
         "seconds_extract": rewritten.extract_seconds + (t4 - t3),

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.bench.timing import round_robin_medians
-from autofusion.decide.cost import CostModel, HardwareProfile
+from autofusion.decide.cost import CostModel, HardwareProfile, model_profile
 from autofusion.decide.plan import Plan
 from autofusion.graph.graph import Graph
 
@@ -91,11 +91,7 @@ def plan_seconds(plan: Plan, model: CostModel) -> float:
 def profile_of(model: CostModel) -> HardwareProfile:
     """The hardware profile whose energy constants price a plan of ``model``: its own, its analytic
     part's (a learned model), else the shipped CPU one."""
-    for holder in (model, getattr(model, "analytic", None)):
-        profile = getattr(holder, "profile", None)
-        if isinstance(profile, HardwareProfile):
-            return profile
-    return HardwareProfile.load("cpu-2core")
+    return model_profile(model) or HardwareProfile.load("cpu-2core")
 
 
 def plan_key(plan: Plan) -> frozenset[frozenset[str]]:

@@ -71,9 +71,10 @@ def _cost_models(names: list[str], registry: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from autofusion import plugins
-    from autofusion.api import fitted_on, optimize
+    from autofusion.api import optimize
     from autofusion.bench.compare import compare_plans, html_page, summary
     from autofusion.codegen import cores, render_plan
+    from autofusion.decide.cost import model_profile
     from autofusion.dsl import RuleError
 
     try:
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     data = {"model": loaded.source, "threads": args.threads, "measured": bool(args.measure),
             "rows": [r.to_json() for r in rows], "summary": summary(rows),
             "energy_sources": {name: _energy_source(m) for name, m in cost_models.items()},
-            "fitted_on": {name: fitted_on(m) for name, m in cost_models.items()}, "this_cpu": cores.cpu_model()}
+            "fitted_on": {name: getattr(model_profile(m), "fitted_on", "") for name, m in cost_models.items()},
+            "this_cpu": cores.cpu_model()}
     if args.html:
         folder = Path(args.html)
         try:

@@ -206,6 +206,16 @@ class NodeCost(NamedTuple):
 NodeWork = dict[str, NodeCost]
 
 
+def model_profile(model: CostModel) -> HardwareProfile | None:
+    """The hardware profile behind ``model``: its own, or its analytic part's (a learned model);
+    None for a model without one (a plugin's)."""
+    for holder in (model, getattr(model, "analytic", None)):
+        profile = getattr(holder, "profile", None)
+        if isinstance(profile, HardwareProfile):
+            return profile
+    return None
+
+
 def node_work(graph: Graph, registry: OpRegistry) -> NodeWork:
     """The :class:`NodeCost` of every node."""
     out = {}
