@@ -303,8 +303,8 @@ def _leave_input_views(gm: Any) -> None:
         if node.op != "call_function" or target_key(node) not in VIEW_OPS or not node.args:
             continue
         source = node.args[0]
-        if getattr(source, "op", None) == "placeholder" and not is_module_state(source) \
-                or getattr(source, "meta", {}).get(TORCH_KEEPS) == INPUT_VIEW:
+        of_input = getattr(source, "op", None) == "placeholder" and not is_module_state(source)
+        if of_input or getattr(source, "meta", {}).get(TORCH_KEEPS) == INPUT_VIEW:  # an input, or a view of one
             node.meta[TORCH_KEEPS] = INPUT_VIEW
 
 

@@ -638,16 +638,17 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
     torch_values: dict[Any, Any] = {}  # frozen placeholders and the nodes folded from them
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            value = placeholder_values[placeholders.index(node)]
+            position = placeholders.index(node)
+            value = placeholder_values[position]
             if not static_tensor(value):
                 raise FxConversionError(f"placeholder {node.name} is not a static float32, int64 or bool tensor")
-            if frozen[placeholders.index(node)]:
+            if frozen[position]:
                 torch_values[node] = value
                 array = value.detach().cpu().contiguous().numpy().copy()
                 env[node] = builder.const(array, name=_ir_name(node.name))
                 cv.consts[env[node]] = array
             else:
-                order = orders[placeholders.index(node)] if orders else None
+                order = orders[position] if orders else None
                 shape = tuple(value.shape) if order is None else tuple(value.shape[d] for d in order)
                 env[node] = builder.input(_ir_name(node.name), shape, DType(str(value.dtype)[6:]))
                 input_names.add(env[node])
