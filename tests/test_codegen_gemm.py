@@ -353,6 +353,60 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
                 _check_packed(runner, 13, 37, k, kc, transposed=k % 2 == 0, alpha=1.0 if kc == 256 else 0.5, isa=isa)
 
 
+# what af_next_pass asks each block of a pass to prefetch: [from, to) in bytes from W, or -1 for none
+NEXT_PASS_ENTRY = """void run(int n, int k, int slice, int j, int p0, int kc, int k_pass, int block, int blocks, int64_t* out) {
+    static const float w[1];
+    const af_ahead next = af_next_pass(w, n, k, slice, j, p0, kc, k_pass, block, blocks);
+    out[0] = next.at ? next.at - (const char*)w : -1;
+    out[1] = next.at ? out[0] + (int64_t)(kc - 1) * next.step + (int64_t)next.lines * 64 : -1;
+}"""
+
+
+def test_the_next_pass_of_w_is_prefetched_in_shares_inside_w(tmp_path) -> None:
+    """While a pass of W is read from L2 by its blocks, they prefetch the next pass (the next
+    slice's, else the first slice's of the next pass over K) in shares: together the shares cover
+    every byte of it, each block from the start of its own share and not much beyond it. One block
+    alone prefetches nothing (it reads ahead of itself); the last pass has no next."""
+    import ctypes
+
+    run = _af_sgemm_library(tmp_path, NEXT_PASS_ENTRY, "portable")
+    assert run is not None
+    run.argtypes = [ctypes.c_int] * 9 + [ctypes.POINTER(ctypes.c_int64)]
+    out = (ctypes.c_int64 * 2)()
+
+    def shares(n: int, k: int, slice_: int, j: int, p0: int, kc: int, k_pass: int, blocks: int) -> list[tuple[int, int]]:
+        got = []
+        for b in range(blocks):
+            run(n, k, slice_, j, p0, kc, k_pass, b, blocks, out)
+            got.append((out[0], out[1]))
+        return got
+
+    for slice_ in (32, 48, 16):
+        for n, k, k_pass, blocks in ((96, 576, 576, 20), (64, 4608, 1152, 7), (33, 901, 226, 3), (200, 3072, 768, 11),
+                                     (64, 300, 150, 2)):
+            panels = -(-n // slice_)
+            for j in range(0, panels * slice_, slice_):
+                for p0 in range(0, k, k_pass):
+                    rows = min(k_pass, k - p0)
+                    if j + slice_ < n:
+                        start, size = ((j + slice_) * k + p0 * slice_) * 4, rows * slice_ * 4
+                    elif p0 + rows < k:
+                        start, size = (p0 + rows) * slice_ * 4, min(k_pass, k - p0 - rows) * slice_ * 4
+                    else:
+                        assert shares(n, k, slice_, j, p0, rows, k_pass, blocks) == [(-1, -1)] * blocks
+                        continue
+                    got = shares(n, k, slice_, j, p0, rows, k_pass, blocks)
+                    covered = np.zeros(size + 64 * 8, bool)
+                    share = -(-size // blocks)
+                    for b, (lo, hi) in enumerate(got):
+                        assert lo == start + b * share, (slice_, n, k, j, p0, b)
+                        # (the step is rounded up to whole bytes: at most kc bytes over, and the last line)
+                        assert hi - lo <= share + rows + 64, (slice_, n, k, j, p0, b, hi - lo, share)
+                        covered[lo - start:min(hi - start, size)] = True
+                    assert covered[:size].all(), (slice_, n, k, j, p0)
+                    assert shares(n, k, slice_, j, p0, rows, k_pass, 1) == [(-1, -1)]
+
+
 # an FMA that reads memory: `vfmadd231ps 64(%rax), %ymm1, %ymm2` (AT&T syntax, as cc -S writes it)
 FMA_FROM_MEMORY = re.compile(r"^\s*vfmadd\w*ps\s+[^%\s]*\(", re.MULTILINE)
 
@@ -376,15 +430,20 @@ def test_packed_blocks_load_each_vector_of_w_once_per_step(tmp_path, march: str)
     templates = default_templates()
     (tmp_path / "af_runtime.h").write_text(templates.runtime_header())
     blocks = "".join(f"void block{r}(int k, const float* a, const float* w, float* c) {{ if ({r} <= AF_PACK_MR) "
-                     f"af_packed_block({r}, AF_PACK_NV, k, 1, 1, 1.0f, a, 768, 1, 0, NULL, NULL, w, c, 3072, AF_PACK_SLICE); }}\n"
+                     f"af_packed_block({r}, AF_PACK_NV, k, 1, 1, 1.0f, a, 768, 1, 0, NULL, NULL, w, c, 3072, AF_PACK_SLICE, "
+                     f"af_next_pass(w, 3072, k, AF_PACK_SLICE, 0, 0, k, k, 1, 4)); }}\n"
                      for r in range(1, 13))
     src = tmp_path / "t.c"
     src.write_text('#include "af_runtime.h"\n#include <cblas.h>\n' + templates.render("af_sgemm.c.j2") + blocks)
     flags = [f for f in tc.cflags if not f.startswith("-march")]
+    (tmp_path / "empty.c").write_text("int empty;\n")
+    known = subprocess.run([tc.cc, f"-march={march}", "-S", str(tmp_path / "empty.c"), "-o", str(tmp_path / "e.s")],
+                           capture_output=True, text=True)
+    if known.returncode != 0:
+        pytest.skip(f"{tc.cc} does not know -march={march}: {known.stderr.strip()[:200]}")
     built = subprocess.run([tc.cc, *flags, f"-march={march}", *inc, f"-I{tmp_path}", "-S", str(src),
                             "-o", str(tmp_path / "t.s")], capture_output=True, text=True)
-    if built.returncode != 0:
-        pytest.skip(f"{tc.cc} does not build for -march={march}: {built.stderr.strip()[:200]}")
+    assert built.returncode == 0, built.stderr[:2000]
     assembly = (tmp_path / "t.s").read_text()
     block_rows = 12 if "avx512" in march else 6  # AF_PACK_MR: the blocks beyond it are empty
     for r in range(1, 13):
