@@ -120,6 +120,20 @@ def test_output_not_aligned_with_rows_uses_row_statistics() -> None:
     assert "(scratch + " in code  # statistics kept per row in scratch for the transposed read
 
 
+def test_softmax_keeps_each_exp_for_its_own_row_only() -> None:
+    """Softmax's sum pass keeps each exp in a row buffer, which the output computed in the same
+    row's loop scales (no second exp); an output read across rows (transposed) computes the exp
+    again from the stored statistics, as the buffer then holds another row. Both in one kernel,
+    with a computed X (scaled), so the row copy and the exp row share the thread's block."""
+    b = GraphBuilder("softmax_rows")
+    x = b.input("x", (3, 5, 24))
+    sm = b.op("Softmax", b.op("Mul", x, b.const(np.float32(0.7))), axis=-1)
+    g = b.build([b.op("Mul", sm, b.const(np.float32(2.0))), b.op("Transpose", sm, perm=(2, 0, 1))])
+    code = check(g, {"x": f32(3, 5, 24) * np.float32(4.0)}, template="multi_output")
+    assert "s0_erow[j] = s0_e;" in code and "s0_erow = s0_rows + 24;" in code
+    assert code.count("af_expf(") == 2  # the sum pass's and the transposed read's
+
+
 def test_many_rows_run_in_parallel() -> None:
     b = GraphBuilder("rows")
     x = b.input("x", (512, 96))

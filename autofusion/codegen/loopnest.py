@@ -193,7 +193,8 @@ class LoopNest:
         spec = stage.spec
         return ix.linear(tuple(dims.get(d, "0") for d in spec.axes), [spec.x_shape[d] for d in spec.axes])
 
-    def _output_expr(self, stage: _Stage, pos: int, idx: Index, stats: Mapping[str, str], block: Block) -> str:
+    def _output_expr(self, stage: _Stage, pos: int, idx: Index, stats: Mapping[str, str], block: Block,
+                     in_row: bool = False) -> str:
         spec = stage.spec
         dims = spec.x_dims_of_output(pos, idx)
         x_idx = tuple(dims.get(d, "0") for d in range(len(spec.x_shape)))
@@ -205,7 +206,8 @@ class LoopNest:
         def input_value(i: int, at: Index) -> str:
             return self.inl.value(node.inputs[i], at, block)
 
-        return spec.output(OutputArgs(pos, idx, x_value, self._inner_linear(stage, dims), stats, input_value))
+        row = spec.row_buffer if in_row else None
+        return spec.output(OutputArgs(pos, idx, x_value, self._inner_linear(stage, dims), stats, input_value, row))
 
     def _buffer_handler(self, stage: _Stage) -> Handler:
         def handle(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
@@ -234,7 +236,7 @@ class LoopNest:
             dims = stage.spec.x_dims_of_output(pos, idx)
             if not self._row_matches(stage, dims):
                 raise Misaligned(node.name)
-            return self._output_expr(stage, pos, idx, {s.var: s.var for s in stage.spec.stats}, block)
+            return self._output_expr(stage, pos, idx, {s.var: s.var for s in stage.spec.stats}, block, in_row=True)
 
         return handle
 
@@ -369,6 +371,7 @@ class LoopNest:
             chunk=chunk(spec.rows),
             xrow=self._per_thread_row(stage, spec.length),
             xct=xct,
+            erow=self._per_thread_buffer(stage, spec.length, xct),
             prefix=stage.prefix,
             row_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.row_dims, row_exprs) if d in row_dims],
             # rows side by side over several kept axes: their indices found once per row block, not
@@ -402,6 +405,12 @@ class LoopNest:
         if stage.xrow:  # reduction_stage.c.j2: each thread's copy of the row it reduces
             self.k.per_thread(length * self.k.type(stage.spec.x).dtype.itemsize)
         return stage.xrow
+
+    def _per_thread_buffer(self, stage: _Stage, length: int, ctype: str) -> str:
+        """The spec's row buffer (reduction_stage.c.j2: after the row copy in the thread's block)."""
+        if stage.spec.row_buffer:  # (the one block holds both rows)
+            self.k.per_thread((2 if stage.xrow else 1) * length * self.k.type(stage.spec.x).dtype.itemsize)
+        return stage.spec.row_buffer
 
     def _finish_stage(self, stage: _Stage, parts: Mapping[str, object]) -> str:
         stores = []

@@ -8,7 +8,10 @@ AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float*
     /* stage 0: Softmax softmax_4 over axes [3] of add_3_out [1, 12, 128, 128]: 1536 rows x 128 */
     #pragma omp parallel num_threads(nt)
     {
-        float* restrict s0_xrow = (float*)af_thread_block(128 * sizeof(float)); /* this thread's */
+        /* this thread's copy of X's row and row the passes fill (s0_erow) */
+        float* restrict s0_rows = (float*)af_thread_block(2 * 128 * sizeof(float));
+        float* restrict s0_xrow = s0_rows;
+        float* restrict s0_erow = s0_rows + 128;
         #pragma omp for schedule(dynamic, 48)
         for (int64_t row = 0; row < 1536; ++row) {
             const int64_t i1 = row / 128;
@@ -17,26 +20,24 @@ AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float*
             #pragma omp simd reduction(max:s0_max)
             for (int64_t j = 0; j < 128; ++j) {
                 const int64_t i3 = j;
-                const float v3 = t_scores[i1 * 16384 + i2 * 128 + i3];
-                const float v4 = v3 / 8.0f;
-                const float v5 = t_mask[i3];
-                const float v6 = v4 + v5;
-                s0_xrow[j] = v6;
-                s0_max = s0_max > v6 ? s0_max : v6;
+                const float v2 = t_scores[i1 * 16384 + i2 * 128 + i3];
+                const float v3 = v2 / 8.0f;
+                const float v4 = t_mask[i3];
+                const float v5 = v3 + v4;
+                s0_xrow[j] = v5;
+                s0_max = s0_max > v5 ? s0_max : v5;
             }
             double s0_sum = 0.0;
             #pragma omp simd reduction(+:s0_sum)
             for (int64_t j = 0; j < 128; ++j) {
                 const int64_t i3 = j;
-                s0_sum += af_expf(s0_xrow[j] - s0_max);
+                { const float s0_e = af_expf(s0_xrow[j] - s0_max); s0_erow[j] = s0_e; s0_sum += s0_e; }
             }
-            const float s0_den = (float)s0_sum;
-            const float s0_log = (float)log(s0_sum);
+            const float s0_inv = (float)(1.0 / s0_sum);
             for (int64_t j = 0; j < 128; ++j) {
                 const int64_t i3 = j;
-                const float v7 = s0_xrow[i3];
-                const float v8 = af_expf(v7 - s0_max) / s0_den;
-                t_softmax_4_out[i1 * 16384 + i2 * 128 + i3] = v8;
+                const float v6 = s0_erow[i3] * s0_inv;
+                t_softmax_4_out[i1 * 16384 + i2 * 128 + i3] = v6;
             }
         }
     }
