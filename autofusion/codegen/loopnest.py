@@ -371,7 +371,7 @@ class LoopNest:
             chunk=chunk(spec.rows),
             xrow=self._per_thread_row(stage, spec.length),
             xct=xct,
-            erow=self._per_thread_buffer(stage, spec.length, xct),
+            erow=self._per_thread_buffer(stage, spec.length),
             prefix=stage.prefix,
             row_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.row_dims, row_exprs) if d in row_dims],
             # rows side by side over several kept axes: their indices found once per row block, not
@@ -406,7 +406,7 @@ class LoopNest:
             self.k.per_thread(length * self.k.type(stage.spec.x).dtype.itemsize)
         return stage.xrow
 
-    def _per_thread_buffer(self, stage: _Stage, length: int, ctype: str) -> str:
+    def _per_thread_buffer(self, stage: _Stage, length: int) -> str:
         """The spec's row buffer (reduction_stage.c.j2: after the row copy in the thread's block)."""
         if stage.spec.row_buffer:  # (the one block holds both rows)
             self.k.per_thread((2 if stage.xrow else 1) * length * self.k.type(stage.spec.x).dtype.itemsize)
