@@ -198,6 +198,8 @@ def _tuned_core_rate(model: Any, threads: int) -> float | None:
 
 
 def _print(out: Output, data: dict[str, Any]) -> None:
+    from autofusion.decide.summary import calibrate_hint
+
     measured = data["measured"]
     head = ["strategy", "cost model", "kernels", "pred ms", "pred peak MiB", "pred J", "optimize s", "plan"]
     tuned = any(r["predicted_seconds_tuned_cores"] is not None for r in data["rows"])
@@ -230,8 +232,8 @@ def _print(out: Output, data: dict[str, Any]) -> None:
         out.line(f"with the cores at their tuned rate: median error {s['median_abs_tuned_time_error']:.1%}, "
                  f"worst {s['max_abs_tuned_time_error']:.1%}")
     for name, cpu in data["fitted_on"].items():
-        if cpu and cpu != data["this_cpu"]:
-            out.line(f"{name}: its constants were measured on {cpu}, not this CPU ({data['this_cpu']}): "
-                     f"`autofusion calibrate` fits them here in 2-3 minutes")
+        hint = calibrate_hint(cpu, data["this_cpu"])
+        if hint:
+            out.line(f"{name}: {hint}")
     if data.get("html"):
         out.line(f"wrote {data['html']}")

@@ -35,10 +35,17 @@ def cost_model_text(stats: Any, this_cpu: str = "") -> str:
         text = f"{name}, calibration {source} (AUTOFUSION_CALIBRATION=none plans with the analytic model)"
     else:
         text = f"{name}, {source}" if source else name
-    if fitted and this_cpu and fitted != this_cpu:
-        text += (f"; its constants were measured on {fitted}, not this CPU ({this_cpu}): `autofusion calibrate` "
-                 f"fits them here in 2-3 minutes")
-    return text
+    hint = calibrate_hint(fitted, this_cpu)
+    return f"{text}; {hint}" if hint else text
+
+
+def calibrate_hint(fitted_on: str, this_cpu: str) -> str:
+    """Where a cost model's constants were measured on another CPU than ``this_cpu``: that, and how
+    to fit them here; else ""."""
+    if not (fitted_on and this_cpu and fitted_on != this_cpu):
+        return ""
+    return (f"its constants were measured on {fitted_on}, not this CPU ({this_cpu}): `autofusion calibrate` "
+            f"fits them here in 2-3 minutes")
 
 
 def plan_summary(plan: Plan, source: Graph, registry: OpRegistry | None = None) -> dict[str, Any]:
