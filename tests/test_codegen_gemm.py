@@ -92,6 +92,18 @@ def test_attention_scores_read_transposed_views_without_copies() -> None:
     assert code.index("af_sgemm(") < code.index("stage 0")  # no copy loop before the sgemm
 
 
+
+def test_tiles_sharing_a_packed_b_run_on_one_thread_in_turn() -> None:
+    # B computed at run time: 2 row blocks x 2 column blocks; a contiguous run of tiles per thread
+    # keeps a column block's two row blocks on one thread, which packs its panels once
+    b = GraphBuilder("grad_w")
+    a, w = b.input("a", (64, 256)), b.input("w", (64, 1024))
+    g = b.build([b.op("Relu", b.op("MatMul", b.op("Transpose", a, perm=(1, 0)), w))])
+    code = check(g, {"a": f32(64, 256), "w": f32(64, 1024)}, cores=FixedChooser(CoreChoice("repack", 1024)))
+    assert "af_pack_panels(" in code and "for (int64_t t = 0; t < 4; ++t)" in code, code
+    assert "#pragma omp for schedule(static) nowait" in code
+    assert "schedule(dynamic" not in code
+
 @pytest.mark.parametrize("trans_a,trans_b,alpha,beta,c_shape", [
     (0, 0, 1.0, 1.0, (12,)), (0, 1, 0.5, 2.0, (8, 12)), (1, 0, 2.0, 0.5, (1, 12)), (1, 1, 1.0, 1.0, None),
     (0, 1, 1.0, 1.0, ()),
