@@ -160,3 +160,52 @@ def test_a_right_side_that_fails_to_run_at_drawn_sizes_says_so() -> None:
     (d,) = analyze_text("rewrite twice: Add(x, x) => ShortOnly(x)\n", "v.fuse", registry=registry).diagnostics  # type: ignore[arg-type]
     assert d.code == "F022" and "when sizes are symbolic: the right side fails to run" in d.message
     assert "rows longer than 8" in d.message and max(d.data["sizes"].values()) > 8
+
+
+def test_a_reshape_s_shape_is_drawn_from_real_reshapes_of_its_input() -> None:
+    # the target shape is an int64 constant that reshapes the input (merged, split, reversed axes),
+    # not random floats that only a one-element input could take
+    text = ("rewrite wrong_order: Reshape(Transpose(x, perm=[1, 0]), s) => Reshape(x, s) where const(s)\n"
+            "rewrite pointwise: Relu(Reshape(x, s)) => Reshape(Relu(x), s) where const(s)\n"
+            "rewrite same_shape: Expand(x, s) as e => x where const(s) and shape(e) == shape(x)\n")
+    (d,) = _diags(text)
+    assert d.code == "F022" and d.span.line == 1
+    assert d.data["inputs"]["x"].startswith("float32[") and d.data["inputs"]["s"].startswith("int64[")
+    assert any("s: int64[" in n and "const = [" in n for n in d.notes)
+
+
+def test_a_float_shape_input_is_no_shape() -> None:
+    from autofusion.graph.graph import Const, Node
+    from autofusion.graph.types import DType, TensorType
+    from autofusion.ir.infer import infer_node
+    from autofusion.ops.registry import ShapeError
+
+    registry = default_registry()
+    x = {"x": TensorType((2, 6), DType.FLOAT32)}
+    for op in ("Reshape", "Expand", "Tile"):
+        node = Node(op, ("x", "s"), ("y",), name="n")
+        for bad in (np.array([3.0, 4.0], np.float32), np.array(12, np.int64)):
+            try:
+                infer_node(node, {**x, "s": TensorType.of(bad)}, {"s": Const(bad)}, registry)
+            except ShapeError as e:
+                assert "1-D integer tensor" in str(e)
+            else:
+                raise AssertionError(f"{op} took {bad!r} as a shape")
+
+
+def test_every_example_value_of_an_op_type_checks() -> None:
+    from autofusion.graph.graph import Const, Node
+    from autofusion.graph.types import DType, TensorType
+    from autofusion.ir.infer import infer_node
+
+    registry = default_registry()
+    ops = [d for d in registry if d.example_values is not None]
+    assert {d.name for d in ops} >= {"Reshape", "Expand", "Tile"}
+    for opdef in ops:
+        for shape in ((), (5,), (4, 6), (3, 1, 8), (2, 3, 4, 5)):
+            data = TensorType(shape, DType.FLOAT32)
+            values = opdef.example_values(1, [data, None])
+            assert len(values) >= (2 if shape else 1) and all(v.dtype == np.int64 for v in values)
+            for v in values:
+                node = Node(opdef.name, ("x", "s"), ("y",), name="n")
+                infer_node(node, {"x": data, "s": TensorType.of(v)}, {"s": Const(v)}, registry)

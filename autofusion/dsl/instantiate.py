@@ -22,7 +22,7 @@ from autofusion.dsl.ir import Literal, OpTerm, Term, Var, walk
 from autofusion.graph.graph import Const, Graph, Node, freeze_attrs
 from autofusion.graph.types import DType, TensorType
 from autofusion.ir.infer import infer_node
-from autofusion.ops.registry import OpRegistry, ShapeError
+from autofusion.ops.registry import OpDef, OpRegistry, ShapeError
 
 MAX_RANK = 4
 CANDIDATES_PER_OP = 48
@@ -76,6 +76,16 @@ class Env:
             node_attrs[name] = {**defaults, **dict(node.attrs)}
         consts = frozenset(n for n, b in self.vars.items() if b.const)
         return g.Bindings(types=t, consts=consts, attrs=node_attrs, values=dict(self.attrs))
+
+
+def _valued_slots(opdef: OpDef, slots: list[Any], fresh: list[Var]) -> dict[str, int]:
+    """The fresh variables that fill an input the op must know the value of and has example values
+    for (Reshape's shape): they get those values, not random ones. By name, with the slot."""
+    if opdef.example_values is None:
+        return {}
+    names = {v.name for v in fresh}
+    return {s.name: i for i, s in enumerate(slots) if isinstance(s, Var) and s.name in names
+            and i in opdef.const_inputs}
 
 
 def _key(t: OpTerm) -> OpTerm:
@@ -211,8 +221,11 @@ class GraphMaker:
         fresh = [s for s in dict.fromkeys(s for s in slots if isinstance(s, Var))]
         if fresh and not self.allow_fresh:
             raise NoInstance(f"{fresh[0].name} is unbound")
-        for assignment in self._assignments(fresh, slots):
-            inputs, new_consts, new_types = self._materialize(slots, assignment)
+        valued = _valued_slots(opdef, slots, fresh)
+        shaped = [v for v in fresh if v.name not in valued]
+        for assignment, values in ((a, v) for a in self._assignments(shaped, slots)
+                                   for v in self._example_values(opdef, slots, a, valued)):
+            inputs, new_consts, new_types = self._materialize(slots, assignment, values)
             node = Node(op, tuple(inputs), outs, freeze_attrs(attrs), name)
             try:
                 types = infer_node(node, {**self.types, **new_types},
@@ -223,7 +236,7 @@ class GraphMaker:
                 continue
             if any(t.numel > MAX_ELEMENTS for t in types):
                 raise NoInstance(f"{op} would produce more than {MAX_ELEMENTS} elements")
-            self._commit(assignment, new_consts, new_types)
+            self._commit({**assignment, **{n: v.shape for n, v in values.items()}}, new_consts, new_types)
             for o, ty in zip(outs, types):
                 self.types[o] = ty
             self.nodes.append(node)
@@ -310,7 +323,32 @@ class GraphMaker:
             for _ in range(CANDIDATES_PER_OP):
                 yield tuple(int(r) for r in self.trial.rng.integers(0, MAX_RANK + 1, size=k))
 
-    def _materialize(self, slots: list[Any], shapes: dict[str, tuple[int, ...]]) -> tuple[
+    def _example_values(self, opdef: OpDef, slots: list[Any], shapes: Mapping[str, tuple[int, ...]],
+                        valued: Mapping[str, int]) -> Iterator[dict[str, np.ndarray]]:
+        """Values for the variables in ``valued`` (slot by name) from the op's example values for
+        the other inputs' types (in a shuffled trial, in a drawn order); one empty choice if none."""
+        if not valued:
+            yield {}
+            return
+        assert opdef.example_values is not None
+        types: list[TensorType | None] = []
+        for slot in slots:
+            if isinstance(slot, str):
+                types.append(self.types.get(slot))
+            elif isinstance(slot, Var) and slot.name in shapes:
+                types.append(TensorType(shapes[slot.name], self.trial.dtype))
+            else:
+                types.append(None)
+        options = [[(name, v) for v in opdef.example_values(index, types)] for name, index in valued.items()]
+        choices = list(itertools.product(*options))
+        if self.trial.shuffle:
+            order = self.trial.rng.permutation(len(choices))
+            choices = [choices[i] for i in order]
+        for choice in choices:
+            yield dict(choice)
+
+    def _materialize(self, slots: list[Any], shapes: Mapping[str, tuple[int, ...]],
+                     values: Mapping[str, np.ndarray] | None = None) -> tuple[
             list[str], dict[str, Const], dict[str, TensorType]]:
         ref_dtype = self._reference_dtype(slots)
         inputs: list[str] = []
@@ -319,6 +357,11 @@ class GraphMaker:
         for s in slots:
             if isinstance(s, str):
                 inputs.append(s)
+            elif isinstance(s, Var) and values and s.name in values:  # an input the op needs the value of
+                tensor = "v_" + s.name
+                consts[tensor] = Const(values[s.name])
+                types[tensor] = TensorType.of(values[s.name])
+                inputs.append(tensor)
             elif isinstance(s, Var):
                 tensor = "v_" + s.name
                 if tensor not in types:

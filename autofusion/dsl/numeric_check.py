@@ -198,8 +198,8 @@ class Verifier:
         return case
 
     def report_mismatch(self, rw: Rewrite, case: Case) -> None:
-        shapes = {n: str(b.type) + (" const" if b.const else "") for n, b in case.env.vars.items()
-                  if not n.startswith("_open")}
+        shapes = {n: str(b.type) + (" const" if b.const else "") + _small_ints(b.value, b.const)
+                  for n, b in case.env.vars.items() if not n.startswith("_open")}
         inputs = ", ".join(f"{n}: {s}" for n, s in shapes.items()) or "none"
         notes = [f"counterexample inputs: {inputs}"]
         if case.env.attrs:
@@ -275,6 +275,14 @@ class Verifier:
             self.structure(p.name, "pattern", p.span, list(body.body), p.guard, carried=body.carried)
         elif not isinstance(body, Var):
             self.structure(p.name, "pattern", p.span, [body], p.guard)
+
+
+def _small_ints(value: np.ndarray, const: bool) -> str:
+    """`` = [1, 4, 4]`` for a constant of a few integers (a Reshape's shape), which its type alone
+    does not tell; empty otherwise."""
+    if not const or not np.issubdtype(value.dtype, np.integer) or value.size > 8:
+        return ""
+    return f" = {value.tolist()}"
 
 
 def compare(env: Env, a: np.ndarray, b: np.ndarray) -> Case | None:

@@ -26,6 +26,16 @@ def ints(value: Any) -> list[int]:
     return [int(v) for v in np.asarray(value).reshape(-1).tolist()]
 
 
+def shape_input(ctx: InferContext, index: int, what: str) -> list[Dim]:
+    """The sizes in constant input ``index``, a 1-D integer tensor as ONNX has it (a float or 0-d
+    one is a ShapeError, not sizes truncated from it); symbolic elements stay symbolic."""
+    value = np.asarray(ctx.const(index, what))
+    if value.ndim != 1 or not (np.issubdtype(value.dtype, np.integer) or value.dtype == object):
+        raise ShapeError(f"{ctx.node.op}: {what} (input {index}) must be a 1-D integer tensor, not "
+                         f"{value.dtype}{list(value.shape)}")
+    return dims_of(value)
+
+
 def dims_of(value: Any) -> list[Dim]:
     """A flat list of sizes from an array (a symbolic constant's elements stay symbolic) or scalar."""
     return [v if is_symbolic(v) else int(v) for v in np.asarray(value).reshape(-1).tolist()]

@@ -104,6 +104,10 @@ class OpDef:
     core: str = ""  # "gemm" or "conv": a matrix-product core that a kernel's epilogue may follow
     pooling: bool = False  # a pooling window, which may end a convolution's epilogue
     const_inputs: tuple[int, ...] = ()  # inputs shape inference must know the value of
+    # values a rule's checker may give such an input (index, the other inputs' types; that input's
+    # type None): Reshape's target shapes for its data, so a rule over a Reshape is verified on
+    # real reshapes (dsl/instantiate.py)
+    example_values: Callable[[int, Sequence[TensorType | None]], Sequence[np.ndarray]] | None = None
     # how a backend ("c", "triton") computes an elementwise op the code generators do not know (a
     # plugin's): a format of the inputs' expressions, {0}, {1}, ..., in float32
     spelling: Mapping[str, str] = field(default_factory=dict)

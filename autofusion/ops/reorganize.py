@@ -20,6 +20,7 @@ from autofusion.ops.common import (
     ref_input_or_attr,
     same_as_input,
     same_dtype,
+    shape_input,
 )
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 
@@ -49,8 +50,25 @@ def _reshape_target(shape_in: tuple[Dim, ...], spec: Sequence[Dim], allowzero: i
 
 def _reshape_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     x = ctx.type(0)
-    spec = dims_of(ctx.const(1, "shape"))
+    spec = shape_input(ctx, 1, "shape")
     return (x.with_shape(_reshape_target(x.shape, spec, ctx.attr("allowzero", 0))),)
+
+
+def _reshape_examples(index: int, types: Sequence[TensorType | None]) -> list[np.ndarray]:
+    """Target shapes for a data input of static shape S: S, its reverse, all of it in one axis
+    (also as -1), two neighbouring axes merged, an axis split in two, a leading 1."""
+    data = types[0]
+    if index != 1 or data is None or not all(isinstance(d, int) for d in data.shape):
+        return []
+    shape = [int(d) for d in data.shape]
+    out = [shape, shape[::-1], [math.prod(shape)], [-1], [1, *shape]]
+    out += [shape[:i] + [shape[i] * shape[i + 1]] + shape[i + 2:] for i in range(len(shape) - 1)]
+    for i, d in enumerate(shape):
+        f = next((f for f in range(2, d) if d % f == 0), None)
+        if f is not None:
+            out.append(shape[:i] + [f, d // f] + shape[i + 1:])
+    unique = {tuple(s): s for s in out}
+    return [np.array(s, np.int64) for s in unique.values()]
 
 
 def _reshape_ref(xs: Arrays, a: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
@@ -314,7 +332,8 @@ def _space_to_depth_infer(ctx: InferContext) -> tuple[TensorType, ...]:
 def ops() -> list[OpDef]:
     return [
         OpDef("Reshape", OpClass.REORGANIZE, ("data", "shape"), _reshape_infer, _reshape_ref,
-              attrs={"allowzero": 0}, view=True, const_inputs=(1,), doc="Same data, new shape.", flops_per_element=0),
+              attrs={"allowzero": 0}, view=True, const_inputs=(1,), example_values=_reshape_examples,
+              doc="Same data, new shape.", flops_per_element=0),
         OpDef("Transpose", OpClass.REORGANIZE, ("data",), _transpose_infer, _transpose_ref,
               attrs={"perm": None}, doc="Permutes axes (reverses them by default).", flops_per_element=0),
         OpDef("Squeeze", OpClass.REORGANIZE, ("data", "axes?"), _squeeze_infer, _squeeze_ref,
