@@ -123,3 +123,27 @@ def test_packed_weights_reach_the_kernels_on_cache_line_boundaries() -> None:
     copy = cache_line_aligned(odd)
     assert copy.ctypes.data % 64 == 0 and np.array_equal(copy, odd) and copy.shape == (3, 13)
     assert cache_line_aligned(copy) is copy
+
+
+def test_an_expansion_to_the_shape_a_tensor_has_is_no_copy() -> None:
+    """A training graph's batched products expand each operand to the shape it already has
+    (aten's matmul); expand_identity drops the expansion, so no kernel copies the operand, and
+    an expansion that widens stays."""
+    from autofusion.api import optimize
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("expand")
+    q, k = b.input("q", (2, 4, 8, 16)), b.input("k", (2, 4, 16, 8))
+    same = b.const(np.array([2, 4, 8, 16], np.int64))
+    qe = b.op("Expand", b.op("Relu", q), same)
+    wide = b.op("Expand", b.input("r", (1, 4, 8, 1)), b.const(np.array([2, 4, 8, 8], np.int64)))
+    y = b.op("Add", b.op("MatMul", qe, k), wide)
+    graph = b.build([y, qe])  # the expansion is an output too, as a forward's saved tensor is
+    plan = optimize(graph)
+    expands = [n for n in plan.graph.nodes if n.op == "Expand"]
+    assert [tuple(plan.graph.types[n.outputs[0]].shape) for n in expands] == [(2, 4, 8, 8)]
+    assert plan.stats["saturation"]["fired"].get("expand_identity") == 1
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal(graph.types[name].shape).astype(np.float32) for name in graph.inputs}
+    report = compare_outputs(run_graph(graph, feeds), CompiledModel(plan, cache=CACHE).run(feeds))
+    assert report.ok, report.summary()
