@@ -116,6 +116,19 @@ def test_terms_name_saved_bytes_and_recomputation() -> None:
     assert parts.launch == model.profile.launch_seconds and parts.sync == model.profile.sync_seconds
 
 
+def test_a_reduction_read_by_every_element_is_computed_once_per_row() -> None:
+    # x - mean(x * 2): the mean is read at every element of the row, but a reduction's statistics
+    # are computed once per row (codegen/loopnest.py), so its prologue is not evaluated per reader
+    b = GraphBuilder("centred")
+    x = b.input("x", (64, 256))
+    doubled = b.op("Mul", x, b.const(np.float32(2.0)))
+    mean = b.op("ReduceMean", doubled, b.const(np.array([-1], np.int64)), keepdims=1)
+    g = b.build([b.op("Sub", x, mean)])
+    terms = AnalyticCostModel().terms(g, [n.name for n in g.nodes])
+    assert terms.recompute_flops == 0
+    assert terms.flops <= 3 * 64 * 256
+
+
 def test_views_cost_nothing() -> None:
     b = GraphBuilder("view")
     x = b.input("x", (4, 8))

@@ -247,6 +247,8 @@ def evaluations(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str,
             demand[name] = max(demand[name], float(numel))
         if op_class is OpClass.OPAQUE:
             continue  # opaque cores read their inputs from memory: no prologue inlining
+        if op_class is OpClass.REDUCTION:  # computed once per row, in its own stage, however many read it
+            demand[name] = min(demand[name], float(numel))
         per_element = demand[name] / numel
         for i in node.inputs:
             producer = graph.producers.get(i)
