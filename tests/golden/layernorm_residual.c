@@ -33,6 +33,7 @@ AF_INTERNAL void k0_add_layernormalization(const float* restrict t_x, const floa
             const float s0_var = (float)(s0_s2 / 768);
             const float s0_inv = 1.0f / sqrtf(s0_var + 1.0e-12f);
             const float s0_den = sqrtf(s0_var + 1.0e-12f);
+            #pragma omp simd
             for (int64_t j = 0; j < 768; ++j) {
                 const int64_t i2 = j;
                 const float v9 = s0_xrow[i2];

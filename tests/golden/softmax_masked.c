@@ -34,6 +34,7 @@ AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float*
                 { const float s0_e = af_expf(s0_xrow[j] - s0_max); s0_erow[j] = s0_e; s0_sum += s0_e; }
             }
             const float s0_inv = (float)(1.0 / s0_sum);
+            #pragma omp simd
             for (int64_t j = 0; j < 128; ++j) {
                 const int64_t i3 = j;
                 const float v6 = s0_erow[i3] * s0_inv;
