@@ -4,6 +4,7 @@ element and the epilogue written from the row, checked against the reference int
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -201,3 +202,41 @@ def test_several_reduced_axes_loop_one_axis_each(op: str, axes: tuple[int, ...])
     g = b.build([h, b.op(op, h, b.const(np.asarray(axes, np.int64)), keepdims=1)])
     code = check(g, {"x": f32(4, 5, 6, 7), "y": f32(4, 5, 6, 7)})
     assert "j / " not in code and "j % " not in code, code
+
+
+def _layernorm_gradient(b: GraphBuilder, dy: str, x: str, mean: str, rstd: str, w: str) -> tuple[str, str, str]:
+    """dx of a LayerNorm over the last axis as the torch backend spells it, and x-hat and dy * w."""
+    xhat = b.op("Mul", b.op("Sub", x, mean), rstd)
+    gw = b.op("Mul", dy, w)
+    axes = b.const(np.array([-1], np.int64))
+    mean_g = b.op("ReduceMean", gw, axes, keepdims=1)
+    mean_gx = b.op("ReduceMean", b.op("Mul", gw, xhat), axes, keepdims=1)
+    dx = b.op("Mul", rstd, b.op("Sub", b.op("Sub", gw, mean_g), b.op("Mul", xhat, mean_gx)))
+    return dx, xhat, gw
+
+
+def test_sibling_reductions_share_one_pass_and_the_row_loop_writes_every_output() -> None:
+    b = GraphBuilder("ln_grad")
+    dy, x = b.input("dy", (4, 8, 96)), b.input("x", (4, 8, 96))
+    mean, rstd = b.input("mean", (4, 8, 1)), b.input("rstd", (4, 8, 1))
+    dx, xhat, gw = _layernorm_gradient(b, dy, x, mean, rstd, b.const(f32(96)))
+    g = b.build([dx, xhat, gw])  # x-hat and dy * w are read by other kernels (the weight gradients)
+    feeds = {"dy": f32(4, 8, 96), "x": f32(4, 8, 96), "mean": f32(4, 8, 1),
+             "rstd": np.abs(f32(4, 8, 1)) + 0.5}
+    code = check(g, feeds)
+    assert "in the same pass: ReduceMean" in code
+    # one loop over the rows writes all three; no loop over the elements after it
+    assert code.count("for (int64_t row = 0;") == 1 and "for (int64_t o = 0;" not in code, code
+    assert re.search(r"#pragma omp simd reduction\(\+:s0_\w+\) reduction\(\+:s1_\w+\)", code), code
+
+
+def test_reductions_that_feed_each_other_or_differ_in_rows_keep_their_own_pass() -> None:
+    b = GraphBuilder("chained")
+    x = b.input("x", (6, 40))
+    axes = b.const(np.array([-1], np.int64))
+    centred = b.op("Sub", x, b.op("ReduceMean", x, axes, keepdims=1))
+    var = b.op("ReduceMean", b.op("Mul", centred, centred), axes, keepdims=1)  # reads the first mean
+    other = b.op("ReduceSum", b.op("Exp", x), b.const(np.array([0], np.int64)), keepdims=1)  # other rows
+    g = b.build([var, other])
+    code = check(g, {"x": f32(6, 40)})
+    assert "in the same pass" not in code and code.count("stage ") >= 3

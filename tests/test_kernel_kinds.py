@@ -318,3 +318,26 @@ def test_a_transposed_operand_joins_its_matrix_product_and_other_prologues_do_no
     for k in model.source.kernels:
         if k.group.template == "gemm_epilogue":  # x^T read in place: rows 1 apart, K steps 32 apart
             assert re.search(r"af_sgemm_packed\(mlen, nlen, 64, \d+, 1.0f, t_\w+ \+ \(?m0\)?, 1, 32,", k.code), k.code
+
+
+def test_the_reduction_kind_takes_sibling_reductions_over_the_same_trailing_axes() -> None:
+    from autofusion.ops import default_registry
+
+    b = GraphBuilder("siblings")
+    x = b.input("x", (4, 8, 16))
+    last, middle = b.const(np.array([-1], np.int64)), b.const(np.array([1], np.int64))
+    sq, ex = b.op("Mul", x, x), b.op("Exp", x)
+    s1, s2 = b.op("ReduceMean", x, last, keepdims=1), b.op("ReduceMean", sq, last, keepdims=1)
+    m1, m2 = b.op("ReduceSum", x, middle, keepdims=1), b.op("ReduceSum", ex, middle, keepdims=1)
+    centred = b.op("Sub", x, s1)
+    dependent = b.op("ReduceMean", centred, last, keepdims=1)
+    g = b.build([s1, s2, m1, m2, dependent])
+    registry, kind = default_registry(), default_kinds()["reduction"]
+
+    def accepts(*tensors: str) -> bool:
+        names = frozenset(n.name for n in g.nodes if set(n.outputs) & set(tensors))
+        return kind.accepts(GroupFacts(g, names, {n: registry[g.node_by_name[n].op] for n in names})).ok
+
+    assert accepts(s1, s2, sq)  # a LayerNorm gradient's two means: one pass over each row
+    assert not accepts(m1, m2, ex)  # over a middle axis: not (yet) in one pass
+    assert not accepts(s1, centred, dependent)  # the second reads the first's result

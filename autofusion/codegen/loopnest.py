@@ -6,7 +6,9 @@ Given the nodes of a group and the tensors to write, it emits:
    parallel, that runs the reduction's passes over the row (the prologue inlined per element, kept
    in a per-thread row buffer when it is not a plain load), then writes every target that lines
    up with the row: outputs of the input's shape (the epilogue: normalised values, residual adds,
-   the prologue itself when it is materialised) and outputs of the reduced shape;
+   the prologue's values when they are materialised) and outputs of the reduced shape. A
+   reduction over the same rows as the one before it, independent of it, rides in that stage's
+   pass (a LayerNorm gradient's two means: each row read once);
 2. one plain loop nest per shape for the remaining targets, several outputs of one shape sharing
    one nest and its common subexpressions (multi-output fusion).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from autofusion.codegen import index as ix
 from autofusion.codegen.index import Index
@@ -88,6 +91,8 @@ class _Stage:
     stat_offsets: dict[str, int] = field(default_factory=dict)
     full: list[tuple[str, str]] = field(default_factory=list)  # (tensor, destination pointer)
     reduced: list[tuple[str, str]] = field(default_factory=list)
+    riders: list[_Stage] = field(default_factory=list)  # sibling stages computed in this one's pass
+    host: _Stage | None = None  # the stage whose pass computes this one (_join_siblings)
 
     @property
     def prefix(self) -> str:
@@ -148,16 +153,24 @@ class LoopNest:
                 generic.append((tensor, dest))
         # generate everything first: later code decides whether a stage must store its statistics;
         # a target written by an earlier stage is loaded, not recomputed, by the code after it
-        stage_parts = []
+        self._join_siblings()
+        stage_parts: list[dict[str, Any]] = [{} for _ in self.stages]
         for stage in self.stages:
-            stage_parts.append(self._generate_stage(stage))
-            for tensor, dest in stage.full + stage.reduced:
-                self.inl.overrides.setdefault(tensor, self._load_override(tensor, dest))
+            if stage.host is not None:
+                continue
+            members = [stage, *stage.riders]
+            for member in members:
+                stage_parts[member.k] = self._generate_stage(member)
+            # (after the riders: their pass runs before the host's outputs are written)
+            for member in members:
+                for tensor, dest in member.full + member.reduced:
+                    self.inl.overrides.setdefault(tensor, self._load_override(tensor, dest))
         by_shape: dict[tuple[int, ...], list[tuple[str, str]]] = {}
         for tensor, dest in generic:
             by_shape.setdefault(self.k.type(tensor).shape, []).append((tensor, dest))
         nests = [self._render_nest(shape, outs) for shape, outs in by_shape.items()]
-        stages = [self._finish_stage(s, parts) for s, parts in zip(self.stages, stage_parts)]
+        stages = [self._finish_stage(s, parts, stage_parts) for s, parts in zip(self.stages, stage_parts)
+                  if s.host is None]
         return "\n".join(stages + nests)
 
     def _load_override(self, tensor: str, dest: str) -> Override:
@@ -284,14 +297,15 @@ class LoopNest:
 
     def _assign_to_stage(self, tensor: str, dest: str) -> bool:
         behind = self.reductions_behind(tensor)
-        found: _Stage | None
         if behind:
-            found = max((self._stage_of[n] for n in behind), key=lambda s: s.k)
-        else:
-            found = next((s for s in self.stages if s.spec.x == tensor), None)
-        if found is None:
-            return False
-        stage = found
+            candidates = [max((self._stage_of[n] for n in behind), key=lambda s: s.k)]
+        else:  # X itself, else any value of X's shape the rows' loop can write while they are in cache
+            candidates = sorted(self.stages, key=lambda s: s.spec.x != tensor)
+            candidates = [s for s in candidates if s.spec.x == tensor or self._layout_of(s, tensor) == "full"]
+        return any(self._assigned(stage, tensor, dest) for stage in candidates)
+
+    def _assigned(self, stage: _Stage, tensor: str, dest: str) -> bool:
+        """Whether ``stage``'s row loop can write ``tensor`` (it lines up with the rows); if so it does."""
         layout = self._layout_of(stage, tensor)
         if layout is None:
             return False
@@ -388,7 +402,7 @@ class LoopNest:
             full=full.lines,
         )
 
-    def _column_block(self, stage: _Stage, passes: Sequence[Mapping[str, object]]) -> int:
+    def _column_block(self, stage: _Stage, passes: Sequence[object]) -> int:
         """Rows reduced side by side, when the reduced axes all precede the kept ones (a bias
         gradient: a sum over the batch rows of [M, N]). A row is then a column of X: reduced
         one at a time it reads X at a stride of N (2 GB/s here); side by side, each step of the
@@ -412,12 +426,36 @@ class LoopNest:
             self.k.per_thread((2 if stage.xrow else 1) * length * self.k.type(stage.spec.x).dtype.itemsize)
         return stage.spec.row_buffer
 
-    def _finish_stage(self, stage: _Stage, parts: Mapping[str, object]) -> str:
+    def _finish_stage(self, stage: _Stage, parts: Mapping[str, Any], all_parts: Sequence[Mapping[str, Any]]) -> str:
         stores = []
-        if stage.store:
-            for st in stage.spec.stats:
-                stores.append(f"(({st.ctype}*)(scratch + {self._stat_offset(stage, st)}))[row] = {st.var};")
+        for member in (stage, *stage.riders):
+            if member.store:
+                for st in member.spec.stats:
+                    stores.append(f"(({st.ctype}*)(scratch + {self._stat_offset(member, st)}))[row] = {st.var};")
+        if stage.riders:
+            parts = _joined(parts, [all_parts[r.k] for r in stage.riders],
+                            [f"{r.spec.node.op} {r.spec.node.name}" for r in stage.riders])
         return self.k.templates.render("reduction_stage.c.j2", stores=stores, **parts)
+
+    def _join_siblings(self) -> None:
+        """A stage is computed in the pass of the stage before it where both reduce the same axes of
+        rows of one shape in one pass, neither reads the other's result, and neither keeps a copy
+        of its row: the rows are read once for both (a LayerNorm gradient's two means over each row,
+        a BatchNorm gradient's two sums over each channel). Its outputs follow the host's, after
+        the host's statistics are stored, so they may read those."""
+        for stage in self.stages[1:]:
+            host = self.stages[stage.k - 1]
+            host = host.host or host
+            a, b = host.spec, stage.spec
+            columns = self._column_block(stage, b.passes)
+            if (a.x_shape != b.x_shape or a.axes != b.axes or len(a.passes) != 1 or len(b.passes) != 1
+                    or host.xrow or stage.xrow or a.row_buffer or b.row_buffer
+                    or any(m.spec.node.name in self.reductions_behind(b.x) for m in (host, *host.riders))
+                    or columns != self._column_block(host, a.passes)
+                    or (columns and any(m.full for m in (host, *host.riders, stage)))):
+                continue
+            host.riders.append(stage)
+            stage.host = host
 
     # -- plain nests ------------------------------------------------------------------------------
 
@@ -491,6 +529,21 @@ class LoopNest:
                 return None
             todo.extend(t for t in (node.inputs[:1] if expand else node.inputs) if t)
         return seen
+
+
+def _joined(host: Mapping[str, Any], riders: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Template data of a stage with its riders' pass folded into its own: one loop over each row
+    updating every accumulator, then every statistic, then the outputs of all."""
+    first = dict(host["passes"][0])
+    clauses = [first["simd"]] + [r["passes"][0]["simd"] for r in riders]
+    for r in riders:
+        for key in ("init", "body", "after", "accs"):
+            first[key] = [*first[key], *r["passes"][0][key]]
+    first["simd"] = " ".join(clauses) if all(clauses) else None  # each accumulator's own clause, or none
+    return {**host, "passes": [first],
+            "reduced": [*host["reduced"], *(line for r in riders for line in r["reduced"])],
+            "full": [*host["full"], *(line for r in riders for line in r["full"])],
+            "comment": c_comment_text(f"{host['comment']}; in the same pass: {', '.join(names)}")}
 
 
 def _whole_or_none(tensor_shape: tuple[int, ...], shape: tuple[int, ...], first: int) -> bool:
