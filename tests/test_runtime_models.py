@@ -147,3 +147,23 @@ def test_an_expansion_to_the_shape_a_tensor_has_is_no_copy() -> None:
     feeds = {name: rng.standard_normal(graph.types[name].shape).astype(np.float32) for name in graph.inputs}
     report = compare_outputs(run_graph(graph, feeds), CompiledModel(plan, cache=CACHE).run(feeds))
     assert report.ok, report.summary()
+
+
+def test_a_residual_sum_joins_its_layernorm_with_the_scale_given_at_run_time() -> None:
+    """A training graph passes LayerNorm's scale and shift as inputs: the residual sum is still
+    stored and normalised in one kernel."""
+    from autofusion.api import optimize
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("residual")
+    x, h = b.input("x", (4, 16, 64)), b.input("h", (4, 16, 64))
+    g, beta = b.input("g", (64,)), b.input("beta", (64,))
+    r = b.op("Add", x, h)
+    graph = b.build([b.op("LayerNormalization", r, g, beta, axis=-1, epsilon=1e-5), r])
+    plan = optimize(graph)
+    ops = [{plan.graph.node_by_name[n].op for n in grp.nodes} for grp in plan.groups]
+    assert {"Add", "LayerNormalization"} in ops, ops
+    rng = np.random.default_rng(1)
+    feeds = {name: rng.standard_normal(graph.types[name].shape).astype(np.float32) for name in graph.inputs}
+    report = compare_outputs(run_graph(graph, feeds), CompiledModel(plan, cache=CACHE).run(feeds))
+    assert report.ok, report.summary()
