@@ -491,3 +491,29 @@ def test_an_op_without_a_triton_kernel_runs_as_torchs_op_on_the_device(monkeypat
     feeds = {"x": rng.standard_normal((3, 5)).astype(np.float32), "e": rng.integers(1, 3, (3, 5)).astype(np.float32),
              "z": rng.standard_normal((3, 2)).astype(np.float32)}
     np.testing.assert_allclose(model(feeds)[y], run_graph(g, feeds)[y], rtol=1e-5, atol=1e-6)
+
+
+def test_sibling_reductions_over_the_same_rows_are_one_kernel() -> None:
+    """A LayerNorm gradient's two means over each row (one group, as the kinds take them) are one
+    Triton kernel, not one per op, and match the reference."""
+    from autofusion.api import optimize
+
+    b = GraphBuilder("ln_grad")
+    dy, x = b.input("dy", (4, 8, 96)), b.input("x", (4, 8, 96))
+    mean, rstd, w = b.input("mean", (4, 8, 1)), b.input("rstd", (4, 8, 1)), b.input("w", (96,))
+    xhat = b.op("Mul", b.op("Sub", x, mean), rstd)
+    gw = b.op("Mul", dy, w)
+    axes = b.const(np.array([-1], np.int64))
+    mean_g = b.op("ReduceMean", gw, axes, keepdims=1)
+    mean_gx = b.op("ReduceMean", b.op("Mul", gw, xhat), axes, keepdims=1)
+    dx = b.op("Mul", rstd, b.op("Sub", b.op("Sub", gw, mean_g), b.op("Mul", xhat, mean_gx)))
+    plan = optimize(b.build([dx]))
+    both = [g for g in plan.groups if sum(plan.graph.node_by_name[n].op == "ReduceMean" for n in g.nodes) == 2]
+    assert both, [g.nodes for g in plan.groups]
+    model = TritonModel(plan)
+    assert not model.split, dict(model.split)
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal(plan.graph.types[n].shape).astype(np.float32) for n in plan.graph.inputs}
+    got, want = model(feeds), run_graph(plan.graph, feeds)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)

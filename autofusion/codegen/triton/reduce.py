@@ -31,13 +31,25 @@ ROW_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})
 MAX_BLOCK = 1 << 14  # one block per row up to this length; longer rows loop over blocks
 
 
-def find_reduction(ex: Exprs) -> Node | None:
-    """The group's one reduction node (None when there is none); two are a CodegenError."""
+def find_reductions(ex: Exprs) -> list[Node]:
+    """The group's reduction nodes, in graph order: none, one, or siblings over the same rows (the
+    same axes of inputs of one shape: the kinds group such Reduce ops, a LayerNorm gradient's two
+    means); any other mix is a CodegenError."""
     found = [ex.graph.node_by_name[n] for n in ex.group.nodes
              if (ex.graph.node_by_name[n].op in REDUCE_STATS and not is_identity_reduce(ex.graph, ex.graph.node_by_name[n]))
              or ex.graph.node_by_name[n].op in ROW_OPS or ex.graph.node_by_name[n].op in GLOBAL_POOLS]
-    if len(found) > 1:
-        raise ex.error(f"{len(found)} reductions in one group; the Triton backend renders one per kernel")
+    order = ex.graph.node_index
+    found.sort(key=lambda n: order[n.name])
+    rows = {(ex.graph.type_of(n.inputs[0]).shape, _axes(ex, n)) for n in found}
+    if len(found) > 1 and (len(rows) > 1 or any(n.op not in REDUCE_STATS for n in found)):
+        raise ex.error(f"{len(found)} reductions over different rows in one group; the Triton backend "
+                       "renders one row loop per kernel")
+    return found
+
+
+def find_reduction(ex: Exprs) -> Node | None:
+    """The group's first reduction node (None when there is none); see :func:`find_reductions`."""
+    found = find_reductions(ex)
     return found[0] if found else None
 
 
@@ -62,21 +74,12 @@ def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
     length = math.prod(shape[d] for d in axes)
     block = 1 << max(0, (length - 1).bit_length())
     if block > MAX_BLOCK:
+        if len(find_reductions(ex)) > 1:
+            raise ex.error("sibling reductions over rows longer than one block; the Triton backend loops over one")
         return _render_looped(ex, names, node, shape, axes, row_dims, rows, length)
     idx = _rows(ex, shape, axes, row_dims)
-    results = _statistics(ex, node, idx.full, length)
-    for pos, out in enumerate(node.outputs):
-        if not out:
-            continue
-        out_shape = ex.graph.type_of(out).shape
-        want = idx.want(out_shape)
-
-        def override(at: Index, want: Index = want, out_shape: tuple[int, ...] = out_shape,
-                     value: str = results[pos]) -> str:
-            if not _aligned(at, want, out_shape):
-                raise ex.error("the reduction is read away from its own row", node)
-            return value
-        ex.overrides[out] = override
+    for each in find_reductions(ex):  # siblings over the same rows: each a statistic of the block
+        _install(ex, each, idx, _statistics(ex, each, idx.full, length))
     stores = []
     for t in ex.group.outputs:
         if ex.graph.type_of(t).shape == shape:
@@ -89,6 +92,22 @@ def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
     return dict(template="reduction.py.j2", summary=c_comment_text(summary), rows=rows, length=length,
                 grid=[rows], index_lines=idx.row_lines + idx.j_lines, body=ex.lines, stores=stores,
                 configs=row_configs(block))
+
+
+def _install(ex: Exprs, node: Node, idx: _Rows, results: list[str]) -> None:
+    """Read ``node``'s outputs as ``results`` where a reader lines up with the row."""
+    for pos, out in enumerate(node.outputs):
+        if not out:
+            continue
+        out_shape = ex.graph.type_of(out).shape
+        want = idx.want(out_shape)
+
+        def override(at: Index, want: Index = want, out_shape: tuple[int, ...] = out_shape,
+                     value: str = results[pos]) -> str:
+            if not _aligned(at, want, out_shape):
+                raise ex.error("the reduction is read away from its own row", node)
+            return value
+        ex.overrides[out] = override
 
 
 @dataclass(frozen=True)
