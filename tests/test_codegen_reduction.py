@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from gradient_graphs import layernorm_gradient
 
 from autofusion.decide import build_groups
 from autofusion.decide.plan import ZERO_COST, Plan
@@ -204,22 +205,11 @@ def test_several_reduced_axes_loop_one_axis_each(op: str, axes: tuple[int, ...])
     assert "j / " not in code and "j % " not in code, code
 
 
-def _layernorm_gradient(b: GraphBuilder, dy: str, x: str, mean: str, rstd: str, w: str) -> tuple[str, str, str]:
-    """dx of a LayerNorm over the last axis as the torch backend spells it, and x-hat and dy * w."""
-    xhat = b.op("Mul", b.op("Sub", x, mean), rstd)
-    gw = b.op("Mul", dy, w)
-    axes = b.const(np.array([-1], np.int64))
-    mean_g = b.op("ReduceMean", gw, axes, keepdims=1)
-    mean_gx = b.op("ReduceMean", b.op("Mul", gw, xhat), axes, keepdims=1)
-    dx = b.op("Mul", rstd, b.op("Sub", b.op("Sub", gw, mean_g), b.op("Mul", xhat, mean_gx)))
-    return dx, xhat, gw
-
-
 def test_sibling_reductions_share_one_pass_and_the_row_loop_writes_every_output() -> None:
     b = GraphBuilder("ln_grad")
     dy, x = b.input("dy", (4, 8, 96)), b.input("x", (4, 8, 96))
     mean, rstd = b.input("mean", (4, 8, 1)), b.input("rstd", (4, 8, 1))
-    dx, xhat, gw = _layernorm_gradient(b, dy, x, mean, rstd, b.const(f32(96)))
+    dx, xhat, gw = layernorm_gradient(b, dy, x, mean, rstd, b.const(f32(96)))
     g = b.build([dx, xhat, gw])  # x-hat and dy * w are read by other kernels (the weight gradients)
     feeds = {"dy": f32(4, 8, 96), "x": f32(4, 8, 96), "mean": f32(4, 8, 1),
              "rstd": np.abs(f32(4, 8, 1)) + 0.5}

@@ -496,17 +496,14 @@ def test_an_op_without_a_triton_kernel_runs_as_torchs_op_on_the_device(monkeypat
 def test_sibling_reductions_over_the_same_rows_are_one_kernel() -> None:
     """A LayerNorm gradient's two means over each row (one group, as the kinds take them) are one
     Triton kernel, not one per op, and match the reference."""
+    from gradient_graphs import layernorm_gradient
+
     from autofusion.api import optimize
 
     b = GraphBuilder("ln_grad")
     dy, x = b.input("dy", (4, 8, 96)), b.input("x", (4, 8, 96))
     mean, rstd, w = b.input("mean", (4, 8, 1)), b.input("rstd", (4, 8, 1)), b.input("w", (96,))
-    xhat = b.op("Mul", b.op("Sub", x, mean), rstd)
-    gw = b.op("Mul", dy, w)
-    axes = b.const(np.array([-1], np.int64))
-    mean_g = b.op("ReduceMean", gw, axes, keepdims=1)
-    mean_gx = b.op("ReduceMean", b.op("Mul", gw, xhat), axes, keepdims=1)
-    dx = b.op("Mul", rstd, b.op("Sub", b.op("Sub", gw, mean_g), b.op("Mul", xhat, mean_gx)))
+    dx, _, _ = layernorm_gradient(b, dy, x, mean, rstd, w)
     plan = optimize(b.build([dx]))
     both = [g for g in plan.groups if sum(plan.graph.node_by_name[n].op == "ReduceMean" for n in g.nodes) == 2]
     assert both, [g.nodes for g in plan.groups]
