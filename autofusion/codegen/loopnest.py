@@ -440,9 +440,9 @@ class LoopNest:
     def _join_siblings(self) -> None:
         """A stage is computed in the pass of the stage before it where both reduce the same axes of
         rows of one shape in one pass, neither reads the other's result, and neither keeps a copy
-        of its row: the rows are read once for both (a LayerNorm gradient's two means over each row,
-        a BatchNorm gradient's two sums over each channel). Its outputs follow the host's, after
-        the host's statistics are stored, so they may read those."""
+        of its row: the rows are read once for both (a LayerNorm gradient's two means over each
+        row). Its outputs follow the host's, after the host's statistics are stored, so they may
+        read those."""
         for stage in self.stages[1:]:
             host = self.stages[stage.k - 1]
             host = host.host or host
