@@ -230,3 +230,13 @@ def test_reductions_that_feed_each_other_or_differ_in_rows_keep_their_own_pass()
     g = b.build([var, other])
     code = check(g, {"x": f32(6, 40)})
     assert "in the same pass" not in code and code.count("stage ") >= 3
+
+
+def test_a_sum_over_everything_leaves_its_prologue_output_to_a_parallel_nest() -> None:
+    # one row (a loss): writing the differences in that row's loop would put them on one thread
+    b = GraphBuilder("loss")
+    x, y = b.input("x", (64, 512)), b.input("y", (64, 512))
+    diff = b.op("Sub", x, y)
+    g = b.build([b.op("ReduceMean", b.op("Mul", diff, diff), keepdims=0), diff])
+    code = check(g, {"x": f32(64, 512), "y": f32(64, 512)})
+    assert code.count("for (int64_t row = 0;") == 1 and "#pragma omp parallel for" in code, code

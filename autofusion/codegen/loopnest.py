@@ -46,6 +46,7 @@ from autofusion.ops.registry import OpClass, OpRegistry
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a loop nest runs on one thread (fork/join costs more)
 COLUMN_BLOCK = 256  # rows reduced side by side (their accumulators stay in L1)
 COLUMN_MIN_ROWS = 16  # fewer rows side by side would not fill a vector
+SHARED_MIN_ROWS = 16  # a stage of fewer rows leaves the prologue's outputs to a plain nest, in parallel
 CHUNKS_PER_LOOP = 32  # dynamic scheduling in this many chunks: a descheduled thread holds up little
 MERGED_MIN_INNER = 256  # trailing dimensions are run as one loop until it is this long
 CHANNEL_INDEXED = frozenset({"BatchNormalization"})  # pointwise, but reads its parameters at index 1, not broadcast
@@ -301,7 +302,9 @@ class LoopNest:
             candidates = [max((self._stage_of[n] for n in behind), key=lambda s: s.k)]
         else:  # X itself, else any value of X's shape the rows' loop can write while they are in cache
             candidates = sorted(self.stages, key=lambda s: s.spec.x != tensor)
-            candidates = [s for s in candidates if s.spec.x == tensor or self._layout_of(s, tensor) == "full"]
+            # (not a loop of few rows, a loss's sum over everything: the threads share a plain nest better)
+            candidates = [s for s in candidates if s.spec.x == tensor or (
+                self._layout_of(s, tensor) == "full" and hint(s.spec.rows) >= SHARED_MIN_ROWS)]
         return any(self._assigned(stage, tensor, dest) for stage in candidates)
 
     def _assigned(self, stage: _Stage, tensor: str, dest: str) -> bool:
