@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autofusion.kinds.facts import GroupFacts
 from autofusion.kinds.kind import ACCEPT, Acceptance, KernelKind, ParamSpec, refuse
+from autofusion.ops.common import ref_input_or_attr
 
 C = "autofusion.codegen.kind_renderers"
 TRITON = "autofusion.codegen.triton.render"
@@ -83,11 +84,11 @@ def _reduced_rows(facts: GroupFacts, name: str) -> tuple[object, ...] | None:
     node, g = facts.node(name), facts.graph
     if not node.op.startswith("Reduce") or not node.inputs or not node.inputs[0]:
         return None
-    given = node.attr("axes", None)
-    if len(node.inputs) > 1 and node.inputs[1]:
-        value = g.const_value(node.inputs[1])
-        given = None if value is None else value.reshape(-1).tolist()
-    if given is None:  # all axes, or axes known only at run time: not matched with another
+    consts = [g.const_value(t) if t else None for t in node.inputs]
+    if len(node.inputs) > 1 and node.inputs[1] and consts[1] is None:
+        return None  # axes known only at run time: not matched with another
+    given = ref_input_or_attr(consts, node.attrs, 1, "axes")
+    if not given:  # all axes
         return None
     shape = g.types[node.inputs[0]].shape
     rank = max(len(shape), 1)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.graph.types import TensorType
-from autofusion.ops.common import Arrays, first, ints, shape_input
+from autofusion.ops.common import Arrays, first, ints, shape_input, static_shape
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError, broadcast_shapes
 
 
@@ -18,15 +18,10 @@ def _expand_infer(ctx: InferContext) -> tuple[TensorType, ...]:
     return (x.with_shape(broadcast_shapes(x.shape, tuple(shape_input(ctx, 1, "shape")))),)
 
 
-def _static_shape(types: Sequence[TensorType | None]) -> list[int] | None:
-    data = types[0]
-    return [int(d) for d in data.shape] if data is not None and all(isinstance(d, int) for d in data.shape) else None
-
-
 def _expand_examples(index: int, types: Sequence[TensorType | None]) -> list[np.ndarray]:
     """Targets for an input of static shape S: S itself, S under a new leading axis, each size-1
     axis of S widened to 3, all ones (which keep S)."""
-    shape = _static_shape(types)
+    shape = static_shape(types[0])
     if index != 1 or shape is None:
         return []
     out = [shape, [2, *shape], [3 if d == 1 else d for d in shape], [1] * len(shape)]
@@ -35,7 +30,7 @@ def _expand_examples(index: int, types: Sequence[TensorType | None]) -> list[np.
 
 def _tile_examples(index: int, types: Sequence[TensorType | None]) -> list[np.ndarray]:
     """Repeats for an input of static shape S: once each, twice along one axis, twice along all."""
-    shape = _static_shape(types)
+    shape = static_shape(types[0])
     if index != 1 or shape is None:
         return []
     out = [[1] * len(shape), [2] * len(shape)] + [[2 if j == i else 1 for j in range(len(shape))]

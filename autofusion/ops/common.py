@@ -26,6 +26,11 @@ def ints(value: Any) -> list[int]:
     return [int(v) for v in np.asarray(value).reshape(-1).tolist()]
 
 
+def static_shape(t: TensorType | None) -> list[int] | None:
+    """``t``'s sizes as ints, or None for no tensor or a symbolic size."""
+    return [int(d) for d in t.shape] if t is not None and all(isinstance(d, int) for d in t.shape) else None
+
+
 def shape_input(ctx: InferContext, index: int, what: str) -> list[Dim]:
     """The sizes in constant input ``index``, a 1-D integer tensor as ONNX has it (a float or 0-d
     one is a ShapeError, not sizes truncated from it); symbolic elements stay symbolic."""

@@ -21,6 +21,7 @@ from autofusion.ops.common import (
     same_as_input,
     same_dtype,
     shape_input,
+    static_shape,
 )
 from autofusion.ops.registry import InferContext, OpClass, OpDef, ShapeError
 
@@ -57,10 +58,9 @@ def _reshape_infer(ctx: InferContext) -> tuple[TensorType, ...]:
 def _reshape_examples(index: int, types: Sequence[TensorType | None]) -> list[np.ndarray]:
     """Target shapes for a data input of static shape S: S, its reverse, all of it in one axis
     (also as -1), two neighbouring axes merged, an axis split in two, a leading 1."""
-    data = types[0]
-    if index != 1 or data is None or not all(isinstance(d, int) for d in data.shape):
+    shape = static_shape(types[0])
+    if index != 1 or shape is None:
         return []
-    shape = [int(d) for d in data.shape]
     out = [shape, shape[::-1], [math.prod(shape)], [-1], [1, *shape]]
     out += [shape[:i] + [shape[i] * shape[i + 1]] + shape[i + 2:] for i in range(len(shape) - 1)]
     for i, d in enumerate(shape):

@@ -64,8 +64,8 @@ def _axes(ex: Exprs, node: Node) -> tuple[int, ...]:
 
 
 def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
-    node = find_reduction(ex)
-    assert node is not None
+    nodes = find_reductions(ex)
+    node = nodes[0]
     x = node.inputs[0]
     shape = ex.graph.type_of(x).shape
     axes = _axes(ex, node)
@@ -74,11 +74,11 @@ def render_reduction(ex: Exprs, names: NameTable) -> dict[str, object]:
     length = math.prod(shape[d] for d in axes)
     block = 1 << max(0, (length - 1).bit_length())
     if block > MAX_BLOCK:
-        if len(find_reductions(ex)) > 1:
+        if len(nodes) > 1:
             raise ex.error("sibling reductions over rows longer than one block; the Triton backend loops over one")
         return _render_looped(ex, names, node, shape, axes, row_dims, rows, length)
     idx = _rows(ex, shape, axes, row_dims)
-    for each in find_reductions(ex):  # siblings over the same rows: each a statistic of the block
+    for each in nodes:  # siblings over the same rows: each a statistic of the block
         _install(ex, each, idx, _statistics(ex, each, idx.full, length))
     stores = []
     for t in ex.group.outputs:
