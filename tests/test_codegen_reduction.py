@@ -220,6 +220,18 @@ def test_sibling_reductions_share_one_pass_and_the_row_loop_writes_every_output(
     assert re.search(r"#pragma omp simd reduction\(\+:s0_\w+\) reduction\(\+:s1_\w+\)", code), code
 
 
+def test_where_on_floats_selects_every_bit_pattern_as_numpy_does() -> None:
+    b = GraphBuilder("where_bits")
+    c, x, y = b.input("c", (8,), DType.BOOL), b.input("x", (8,)), b.input("y", (8,))
+    g = b.build([b.op("Where", c, x, y)])
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -3.4e38, 1.5], np.float32)
+    feeds = {"c": np.array([1, 0, 1, 0, 1, 0, 1, 0], bool), "x": special, "y": special[::-1].copy()}
+    out = CompiledModel(Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "pointwise"),
+                             ZERO_COST, ZERO_COST), cache=CACHE).run(feeds)[g.outputs[0]]
+    want = np.where(feeds["c"], feeds["x"], feeds["y"])
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))  # NaN, -0.0 and infinities included
+
+
 def test_reductions_that_feed_each_other_or_differ_in_rows_keep_their_own_pass() -> None:
     b = GraphBuilder("chained")
     x = b.input("x", (6, 40))

@@ -271,6 +271,8 @@ def _where(inl: Inliner, node: Node, pos: int, idx: Index, block: Block) -> str:
     c = inl.input_value(node, 0, idx, block)
     x = inl.input_value(node, 1, idx, block)
     y = inl.input_value(node, 2, idx, block)
+    if inl.k.type(node.outputs[0]).dtype == DType.FLOAT32:
+        return f"af_wheref({c}, {x}, {y})"
     return f"({c} ? {x} : {y})"
 
 

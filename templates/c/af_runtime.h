@@ -123,6 +123,18 @@ static inline float af_minf(float a, float b) { return (a != a || a < b) ? a : b
 static inline double af_max(double a, double b) { return (a != a || a > b) ? a : b; }
 static inline double af_min(double a, double b) { return (a != a || a < b) ? a : b; }
 
+/* Where on floats as a bitwise blend: GCC 12 will not vectorise `c ? x : y` in a loop that reads c as
+   bytes and also sums in double (it turns the select into a masked load of no vector type). */
+static inline float af_wheref(uint8_t c, float x, float y) {
+    uint32_t ux, uy;
+    memcpy(&ux, &x, 4);
+    memcpy(&uy, &y, 4);
+    uint32_t r = uy ^ ((ux ^ uy) & (0u - (uint32_t)(c != 0)));
+    float out;
+    memcpy(&out, &r, 4);
+    return out;
+}
+
 /* Python's modulo (result has the divisor's sign), as numpy's mod. */
 static inline float af_pymodf(float a, float b) {
     float r = fmodf(a, b);
