@@ -220,6 +220,24 @@ def test_sibling_reductions_share_one_pass_and_the_row_loop_writes_every_output(
     assert re.search(r"#pragma omp simd reduction\(\+:s0_\w+\) reduction\(\+:s1_\w+\)", code), code
 
 
+def test_channel_sums_of_a_masked_gradient_share_one_pass_and_vectorise_over_the_mask() -> None:
+    """A BatchNorm gradient behind a ReLU's mask, the mask read from memory as bytes: both sums per
+    channel (axes 0, 2, 3) in one pass; Where is a bitwise blend there, which GCC 12 vectorises
+    where the select `c ? x : y` beside double accumulators was left scalar (1.26 ms against 0.36)."""
+    b = GraphBuilder("bn_grad")
+    shape = (3, 5, 6, 7)
+    mask, dy, x = b.input("mask", shape, DType.BOOL), b.input("dy", shape), b.input("x", shape)
+    axes = b.const(np.array([0, 2, 3], np.int64))
+    masked = b.op("Where", mask, b.const(np.float32(0)), dy)
+    s1 = b.op("ReduceSum", masked, axes, keepdims=1)
+    s2 = b.op("ReduceSum", b.op("Mul", masked, x), axes, keepdims=1)
+    dx = b.op("Sub", b.op("Sub", masked, b.op("Mul", s1, b.const(np.float32(1 / 126)))),
+              b.op("Mul", x, b.op("Mul", s2, b.const(np.float32(1 / 126)))))
+    g = b.build([dx, s1, s2])
+    code = check(g, {"mask": RNG.random(shape) > 0.5, "dy": f32(*shape), "x": f32(*shape)})
+    assert "in the same pass: ReduceSum" in code and "af_wheref(" in code, code
+
+
 def test_where_on_floats_selects_every_bit_pattern_as_numpy_does() -> None:
     b = GraphBuilder("where_bits")
     c, x, y = b.input("c", (8,), DType.BOOL), b.input("x", (8,)), b.input("y", (8,))

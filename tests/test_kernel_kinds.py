@@ -320,7 +320,7 @@ def test_a_transposed_operand_joins_its_matrix_product_and_other_prologues_do_no
             assert re.search(r"af_sgemm_packed\(mlen, nlen, 64, \d+, 1.0f, t_\w+ \+ \(?m0\)?, 1, 32,", k.code), k.code
 
 
-def test_the_reduction_kind_takes_sibling_reductions_over_the_same_trailing_axes() -> None:
+def test_the_reduction_kind_takes_sibling_reductions_over_the_same_axes() -> None:
     from autofusion.ops import default_registry
 
     b = GraphBuilder("siblings")
@@ -339,5 +339,6 @@ def test_the_reduction_kind_takes_sibling_reductions_over_the_same_trailing_axes
         return kind.accepts(GroupFacts(g, names, {n: registry[g.node_by_name[n].op] for n in names})).ok
 
     assert accepts(s1, s2, sq)  # a LayerNorm gradient's two means: one pass over each row
-    assert not accepts(m1, m2, ex)  # over a middle axis: not (yet) in one pass
+    assert accepts(m1, m2, ex)  # over a middle axis (a BatchNorm gradient's sums per channel) too
+    assert not accepts(s1, m1)  # over other axes: two loops over rows
     assert not accepts(s1, centred, dependent)  # the second reads the first's result

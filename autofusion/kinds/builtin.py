@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from autofusion.graph.graph import Graph, Node
 from autofusion.kinds.facts import GroupFacts
 from autofusion.kinds.kind import ACCEPT, Acceptance, KernelKind, ParamSpec, refuse
 from autofusion.ops.common import ref_input_or_attr
@@ -61,27 +64,29 @@ def _loop_nest(facts: GroupFacts, reductions: range) -> Acceptance:
 
 
 def _row_loops(facts: GroupFacts) -> int:
-    """The group's reductions counted as the loops over rows they need: Reduce ops over the same
-    trailing axes of inputs of one shape, none reading another's result, share one
-    (codegen/loopnest.py computes them in one pass over each row: a LayerNorm gradient's two
-    means). Not yet over leading or middle axes: a BatchNorm gradient's two sums per channel so
-    grouped took its ReLU mask from memory as bytes, and GCC 12 left those loops scalar (the
-    CNN's backward graph 1.4 -> 2.3 ms)."""
+    """The group's reductions counted as the loops over rows they need (:func:`row_families`)."""
+    return len(row_families(facts, facts.reductions))
+
+
+def row_families(facts: GroupFacts, reductions: Iterable[str]) -> list[list[str]]:
+    """``reductions`` in families that share one loop over rows: Reduce ops over the same axes of
+    inputs of one shape, none reading another's result (codegen/loopnest.py computes them in one
+    pass over each row: a LayerNorm gradient's two means, a BatchNorm gradient's two sums per
+    channel)."""
     families: list[tuple[object, list[str]]] = []
-    for name in facts.reductions:
-        key = _reduced_rows(facts, name)
+    for name in reductions:
+        key = _reduced_rows(facts.graph, facts.node(name))
         for fkey, members in families:
             if key is not None and fkey == key and not facts.feeds_each_other([*members, name]):
                 members.append(name)
                 break
         else:
             families.append((key, [name]))
-    return len(families)
+    return [members for _, members in families]
 
 
-def _reduced_rows(facts: GroupFacts, name: str) -> tuple[object, ...] | None:
-    """(input shape, axes) of a Reduce op over trailing axes known at build time; None otherwise."""
-    node, g = facts.node(name), facts.graph
+def _reduced_rows(g: Graph, node: Node) -> tuple[object, ...] | None:
+    """(input shape, axes) of a Reduce op over axes known at build time; None otherwise."""
     if not node.op.startswith("Reduce") or not node.inputs or not node.inputs[0]:
         return None
     consts = [g.const_value(t) if t else None for t in node.inputs]
@@ -92,9 +97,7 @@ def _reduced_rows(facts: GroupFacts, name: str) -> tuple[object, ...] | None:
         return None
     shape = g.types[node.inputs[0]].shape
     rank = max(len(shape), 1)
-    axes = tuple(sorted(int(a) % rank for a in given))
-    trailing = axes == tuple(range(rank - len(axes), rank))
-    return (shape, axes) if trailing else None
+    return shape, tuple(sorted(int(a) % rank for a in given))
 
 
 def _pointwise(facts: GroupFacts) -> Acceptance:
