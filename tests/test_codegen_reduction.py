@@ -205,6 +205,23 @@ def test_several_reduced_axes_loop_one_axis_each(op: str, axes: tuple[int, ...])
     assert "j / " not in code and "j % " not in code, code
 
 
+def test_trailing_reduced_axes_that_every_operand_takes_whole_or_not_are_one_loop() -> None:
+    """Sums over N, H and W of [N, C, H, W]: H and W are one loop of H * W (the accumulators summed
+    across the vector once per image, not once per row of W); an operand that varies along W
+    alone keeps the loops apart."""
+    def sums(factor_shape: tuple[int, ...]) -> str:
+        b = GraphBuilder("channel_sums")
+        x, factor = b.input("x", (3, 5, 6, 7)), b.input("f", factor_shape)
+        axes = b.const(np.array([0, 2, 3], np.int64))
+        g = b.build([b.op("ReduceSum", b.op("Mul", x, factor), axes, keepdims=1)])
+        return check(g, {"x": f32(3, 5, 6, 7), "f": f32(*factor_shape)})
+
+    code = sums((1, 5, 1, 1))
+    assert "const int64_t i2 = 0;" in code and "i3 < 42;" in code, code
+    code = sums((7,))
+    assert "const int64_t i2 = 0;" not in code and "i2 < 6;" in code and "i3 < 7;" in code, code
+
+
 def test_sibling_reductions_share_one_pass_and_the_row_loop_writes_every_output() -> None:
     b = GraphBuilder("ln_grad")
     dy, x = b.input("dy", (4, 8, 96)), b.input("x", (4, 8, 96))

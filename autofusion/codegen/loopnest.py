@@ -397,13 +397,66 @@ class LoopNest:
             if any("/" in e or "%" in e for e in row_exprs) else [],
             inner_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.axes, inner_exprs) if d in inner_dims],
             # several reduced axes: one loop each, so that no element pays a division to find its index
-            nest=[(f"i{d}", spec.x_shape[d]) for d in inner_dims] if len(inner_dims) > 1 else [],
+            nest=self._reduced_nest(stage, inner_dims),
+            nest_fixed=[f"const int64_t i{d} = 0; (void)i{d};" for d in self._run_as_one(stage, inner_dims)[:-1]],
             nest_j=ix.linear(tuple(f"i{d}" if d in inner_dims else "0" for d in spec.axes),
                              tuple(spec.x_shape[d] for d in spec.axes)),
             passes=passes,
             reduced=reduced.lines,
             full=full.lines,
         )
+
+    def _reduced_nest(self, stage: _Stage, inner_dims: Sequence[int]) -> list[tuple[str, int]]:
+        """The loops over a row's elements, one per reduced axis (none for a single axis: ``j`` is
+        the index), the trailing ones that :meth:`_run_as_one` allows as one loop."""
+        if len(inner_dims) < 2:
+            return []
+        shape, merged = stage.spec.x_shape, self._run_as_one(stage, inner_dims)
+        loops = [(f"i{d}", int(shape[d])) for d in inner_dims if d not in merged]
+        return loops + ([(f"i{merged[-1]}", math.prod(int(shape[d]) for d in merged))] if merged else [])
+
+    def _run_as_one(self, stage: _Stage, inner_dims: Sequence[int]) -> list[int]:
+        """Trailing reduced axes (of more than size 1) that one loop walks in order, the others of
+        them held at 0: where every value the row's loops read takes them whole or not at all. A
+        BatchNorm gradient's sums over N, H and W of [16, 32, 32, 32] reduced each 32-element run
+        on its own, its four accumulators summed across the vector every 32 elements (0.39 ms)."""
+        shape, axes = stage.spec.x_shape, set(stage.spec.axes)
+        rank = len(shape)
+        if not all(isinstance(n, int) for n in shape) or rank - 1 not in axes:
+            return []
+        first = rank - 1
+        while first > 0 and first - 1 in axes:
+            first -= 1
+        family = [stage, *stage.riders]
+        reads = self._row_reads([s.spec.x for s in family] + [t for s in family for t, _ in s.full])
+        if reads is None:
+            return []
+        while first < rank - 1 and not all(_whole_or_none(self.k.type(t).shape, shape, first) for t in reads):
+            first += 1
+        merged = [d for d in inner_dims if d >= first]
+        return merged if len(merged) > 1 else []
+
+    def _row_reads(self, tensors: Sequence[str]) -> set[str] | None:
+        """Every tensor read or computed on the way to ``tensors`` in a row's loops, when pointwise ops
+        compute all of it from inputs and statistics (reductions' results); else None."""
+        seen: set[str] = set()
+        todo = list(tensors)
+        while todo:
+            tensor = todo.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            if not self.inl.computed_here(tensor):
+                continue
+            node = self.k.producer(tensor)
+            assert node is not None
+            op_class = self.k.registry[node.op].op_class
+            if op_class is OpClass.REDUCTION:
+                continue  # a statistic: read at its own (row) index
+            if node.op in CHANNEL_INDEXED or op_class is not OpClass.POINTWISE:
+                return None
+            todo.extend(t for t in node.inputs if t)
+        return seen
 
     def _column_block(self, stage: _Stage, passes: Sequence[object]) -> int:
         """Rows reduced side by side, when the reduced axes all precede the kept ones (a bias
