@@ -19,6 +19,7 @@ from autofusion.decide.cost import (
     GroupTerms,
     HardwareProfile,
     analytic_seconds,
+    evaluations,
 )
 from autofusion.decide.default_model import calibration_file, default_cost_model
 from autofusion.decide.learned import (
@@ -127,6 +128,24 @@ def test_a_reduction_read_by_every_element_is_computed_once_per_row() -> None:
     terms = AnalyticCostModel().terms(g, [n.name for n in g.nodes])
     assert terms.recompute_flops == 0
     assert terms.flops <= 3 * 64 * 256
+
+
+def test_what_is_computed_from_a_rows_statistic_and_sibling_reductions_are_priced_once() -> None:
+    # x - 0.5 * sum(x * 2) and max(x * 2) over the same rows: the scaled sum is a per-row value
+    # (computed once a row, not at each element reading it), and the two reductions read x * 2 in
+    # one pass
+    b = GraphBuilder("siblings")
+    x = b.input("x", (64, 256))
+    axes = b.const(np.array([-1], np.int64))
+    doubled = b.op("Mul", x, b.const(np.float32(2.0)))
+    total = b.op("ReduceSum", doubled, axes, keepdims=1)
+    other = b.op("ReduceMax", doubled, axes, keepdims=1)
+    g = b.build([b.op("Sub", x, b.op("Mul", total, b.const(np.float32(0.5)))), other])
+    model = AnalyticCostModel()
+    demand = evaluations(g, [n.name for n in g.nodes], model.work(g))
+    scaled = next(n.name for n in g.nodes if n.op == "Mul" and g.types[n.outputs[0]].shape == (64, 1))
+    assert demand[scaled] == 64  # once a row
+    assert demand[g.producers[doubled].name] == 64 * 256  # one pass for both sums
 
 
 def test_views_cost_nothing() -> None:

@@ -36,7 +36,8 @@ from autofusion.decide.groups import group_io
 from autofusion.decide.plan import CostBreakdown
 from autofusion.graph.graph import FrozenMap, Graph
 from autofusion.ir.infer import node_context
-from autofusion.kinds.builtin import LOOKAHEAD_STEPS
+from autofusion.kinds.builtin import LOOKAHEAD_STEPS, row_families
+from autofusion.kinds.facts import GroupFacts
 from autofusion.ops.catalog import default_registry
 from autofusion.ops.registry import OpClass, OpRegistry
 
@@ -234,33 +235,60 @@ def node_work(graph: Graph, registry: OpRegistry) -> NodeWork:
 
 def evaluations(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str, float]:
     """How many elements of each node a kernel of ``nodes`` computes (its own numel when it is
-    computed once; more when inlined into a broadcast or a multi-pass reduction)."""
+    computed once; more when inlined into a broadcast or a multi-pass reduction).
+
+    A value is computed once in each loop that reads it, however many of that loop's ops read it
+    (the compiler computes a repeated expression once): the loop writing the outputs, and each pass
+    of a family of sibling reductions (:func:`row_families`)."""
     members = set(nodes)
     _, outputs = group_io(graph, nodes)
     materialised = set(outputs)
-    demand: dict[str, float] = {n: 0.0 for n in nodes}
     by_name = graph.node_by_name
+    reductions = [n for n in nodes if work[n].op_class is OpClass.REDUCTION]
+    family_of = {n: i for i, family in enumerate(row_families(GroupFacts(graph, frozenset(members), {}), reductions))
+                 for n in family}
+    once = _once_per_row(graph, members, reductions, work)
+    loops: dict[str, dict[object, float]] = {n: {} for n in nodes}  # node -> evaluations, by the loop needing them
+    demand: dict[str, float] = {}
     for name in sorted(members, key=graph.node_index.__getitem__, reverse=True):
-        node = by_name[name]
+        node, mine = by_name[name], loops[name]
         numel, op_class, op = work[name].numel, work[name].op_class, work[name].op
         if any(o in materialised for o in node.outputs):
-            demand[name] = max(demand[name], float(numel))
+            mine["out"] = max(mine.get("out", 0.0), float(numel))
+        demand[name] = sum(mine.values())
+        if name in once:  # computed once per row, in its own stage, however many read it
+            demand[name] = min(demand[name], float(numel))
+            mine = {("row", name): demand[name]}
         if op_class is OpClass.OPAQUE:
             continue  # opaque cores read their inputs from memory: no prologue inlining
-        if op_class is OpClass.REDUCTION:  # computed once per row, in its own stage, however many read it
-            demand[name] = min(demand[name], float(numel))
-        per_element = demand[name] / numel
         for i in node.inputs:
             producer = graph.producers.get(i)
             if producer is None or producer.name not in members:
                 continue
+            theirs = loops[producer.name]
             if op_class is OpClass.REDUCTION:
-                in_numel = graph.types[i].numel
-                passes = REDUCTION_PASSES.get(op, 1)
-                demand[producer.name] += per_element * in_numel * passes
+                reads = demand[name] / numel * graph.types[i].numel * REDUCTION_PASSES.get(op, 1)
+                needs: dict[object, float] = {("pass", family_of[name]): reads}
             else:
-                demand[producer.name] += demand[name]
+                needs = mine
+            for loop, count in needs.items():
+                theirs[loop] = max(theirs.get(loop, 0.0), count)
     return demand
+
+
+def _once_per_row(graph: Graph, members: set[str], reductions: Sequence[str], work: NodeWork) -> set[str]:
+    """The reductions and what the group computes from their results alone at their reduced size
+    (a mean scaled, a variance's reciprocal square root): a stage computes each once per row."""
+    once = set(reductions)
+    for name in sorted(members, key=graph.node_index.__getitem__):
+        node = graph.node_by_name[name]
+        inside = [graph.producers[i].name for i in node.inputs if i in graph.producers and graph.producers[i].name in members]
+        if (name not in once and work[name].op_class is OpClass.POINTWISE and inside
+                and any(p in once for p in inside)
+                and all(work[p].numel == work[name].numel for p in inside if p in once)
+                and all(p in once for p in inside)):
+            once.add(name)
+    return once
 
 
 @dataclass(frozen=True)
