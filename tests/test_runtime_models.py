@@ -149,6 +149,29 @@ def test_an_expansion_to_the_shape_a_tensor_has_is_no_copy() -> None:
     assert report.ok, report.summary()
 
 
+def test_a_per_channel_sum_reshaped_to_broadcast_joins_the_kernel_that_reads_it() -> None:
+    """A BatchNorm gradient sums over N, H and W and reshapes the sum to [1, C, 1, 1] to subtract
+    it; channel_sum_kept (rules/cnn.fuse) keeps the axes instead, so the sum and the subtraction
+    are one kernel; the sum without kept axes, an output too, is computed there as well, in the
+    same pass over the masked gradient."""
+    from autofusion.api import optimize
+    from autofusion.ir import GraphBuilder
+
+    b = GraphBuilder("channel_sum")
+    x, dy = b.input("x", (4, 6, 5, 5)), b.input("dy", (4, 6, 5, 5))
+    masked = b.op("Where", b.op("LessOrEqual", x, b.const(np.float32(0))), b.const(np.float32(0)), dy)
+    total = b.op("ReduceSum", masked, b.const(np.array([0, 2, 3], np.int64)), keepdims=0)
+    per_channel = b.op("Reshape", total, b.const(np.array([1, -1, 1, 1], np.int64)))
+    graph = b.build([b.op("Sub", masked, b.op("Mul", per_channel, b.const(np.float32(0.01)))), total])
+    plan = optimize(graph)
+    assert plan.stats["saturation"]["fired"].get("channel_sum_kept") == 1
+    assert len([grp for grp in plan.groups if any(plan.graph.node_by_name[n].op != "Reshape" for n in grp.nodes)]) == 1
+    rng = np.random.default_rng(2)
+    feeds = {name: rng.standard_normal((4, 6, 5, 5)).astype(np.float32) for name in ("x", "dy")}
+    report = compare_outputs(run_graph(graph, feeds), CompiledModel(plan, cache=CACHE).run(feeds))
+    assert report.ok, report.summary()
+
+
 def test_a_residual_sum_joins_its_layernorm_with_the_scale_given_at_run_time() -> None:
     """A training graph passes LayerNorm's scale and shift as inputs: the residual sum is still
     stored and normalised in one kernel."""

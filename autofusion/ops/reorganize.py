@@ -57,11 +57,12 @@ def _reshape_infer(ctx: InferContext) -> tuple[TensorType, ...]:
 
 def _reshape_examples(index: int, types: Sequence[TensorType | None]) -> list[np.ndarray]:
     """Target shapes for a data input of static shape S: S, its reverse, all of it in one axis
-    (also as -1), two neighbouring axes merged, an axis split in two, a leading 1."""
+    (also as -1), two neighbouring axes merged, an axis split in two, a leading 1, a trailing 1, and
+    unit axes around it as a per-channel vector broadcast over images has them ([1, C, 1, 1])."""
     shape = static_shape(types[0])
     if index != 1 or shape is None:
         return []
-    out = [shape, shape[::-1], [math.prod(shape)], [-1], [1, *shape]]
+    out = [shape, shape[::-1], [math.prod(shape)], [-1], [1, *shape], [*shape, 1], [1, *shape, 1, 1]]
     out += [shape[:i] + [shape[i] * shape[i + 1]] + shape[i + 2:] for i in range(len(shape) - 1)]
     for i, d in enumerate(shape):
         f = next((f for f in range(2, d) if d % f == 0), None)
