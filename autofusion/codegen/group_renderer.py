@@ -40,6 +40,10 @@ def group_kind(group: FusedGroup, kinds: KindRegistry, backend: str, available: 
     return kind
 
 
+# loop nests run 512-bit vectors on AVX-512 CPUs (af_runtime.h, AF_WIDE_VECTORS); GEMM epilogues were no faster
+WIDE_VECTOR_TEMPLATES = frozenset({"pointwise", "reduction"})
+
+
 def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
                  registry: OpRegistry | None = None, chooser: CoreChooser | None = None,
                  kinds: KindRegistry | None = None) -> KernelSource | None:
@@ -73,7 +77,8 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
     params = k.params()
     lines = body.splitlines()
     code = templates.render("kernel.c.j2", comment=group_comment(graph, group), name=name, params=params,
-                            body=lines, sizes=declared(), no_if_convert=any(SELECT_SOURCE in line for line in lines))
+                            body=lines, sizes=declared(), no_if_convert=any(SELECT_SOURCE in line for line in lines),
+                            wide_vectors=group.template in WIDE_VECTOR_TEMPLATES)
     return KernelSource(name, group, code, params, k.scratch_bytes,
                         tuple((ident, arr) for _, ident, arr in k.derived), k.uses_blas, k.thread_bytes,
                         tuple(k.cores))

@@ -39,6 +39,16 @@
 #define AF_NO_IF_CONVERT
 #endif
 
+/* Loop-nest kernels (pointwise, reductions) in 512-bit vectors where the CPU has them: GCC's default
+   for AVX-512 CPUs is 256. The GEMM and convolution cores run 512-bit registers already (their
+   intrinsics), so the CPU is at its AVX-512 clock either way. A GELU gradient 0.51 -> 0.32 ms,
+   softmax rows 0.070 -> 0.060 (Xeon); GEMM epilogues were no faster and keep 256. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#define AF_WIDE_VECTORS __attribute__((target("prefer-vector-width=512")))
+#else
+#define AF_WIDE_VECTORS
+#endif
+
 /* the sizes of this call of a library built for symbolic sizes (af_run_sized sets them; each kernel
    reads them into its own constants first) */
 #define AF_MAX_SIZES 16

@@ -1,7 +1,7 @@
 /* k0_add_layernormalization: Add -> LayerNormalization */
 /* template reduction, kind linear, 2 node(s) */
 /* rules: fuse_reduction (rules/example.fuse:7) */
-AF_INTERNAL void k0_add_layernormalization(const float* restrict t_x, const float* restrict t_residual, const float* restrict t_const_2, const float* restrict t_const_3, float* restrict t_add_1_out, float* restrict t_layernormalization_4_out, char* restrict scratch, int nt)
+AF_INTERNAL AF_WIDE_VECTORS void k0_add_layernormalization(const float* restrict t_x, const float* restrict t_residual, const float* restrict t_const_2, const float* restrict t_const_3, float* restrict t_add_1_out, float* restrict t_layernormalization_4_out, char* restrict scratch, int nt)
 {
     (void)scratch;
     (void)nt;

@@ -1,7 +1,7 @@
 /* k0_add_mul_transpose_sigmoid_relu: Add -> Mul -> Transpose -> Sigmoid -> Relu */
 /* template pointwise, kind linear, 5 node(s) */
 /* rules: fuse_pointwise (rules/example.fuse:7) */
-AF_INTERNAL void k0_add_mul_transpose_sigmoid_relu(const float* restrict t_x, const float* restrict t_bias, float* restrict t_sigmoid_5_out, float* restrict t_relu_6_out, char* restrict scratch, int nt)
+AF_INTERNAL AF_WIDE_VECTORS void k0_add_mul_transpose_sigmoid_relu(const float* restrict t_x, const float* restrict t_bias, float* restrict t_sigmoid_5_out, float* restrict t_relu_6_out, char* restrict scratch, int nt)
 {
     (void)scratch;
     (void)nt;

@@ -1,7 +1,7 @@
 /* k0_div_add_softmax: Div -> Add -> Softmax */
 /* template reduction, kind linear, 3 node(s) */
 /* rules: fuse_reduction (rules/example.fuse:7) */
-AF_INTERNAL void k0_div_add_softmax(const float* restrict t_scores, const float* restrict t_mask, float* restrict t_softmax_4_out, char* restrict scratch, int nt)
+AF_INTERNAL AF_WIDE_VECTORS void k0_div_add_softmax(const float* restrict t_scores, const float* restrict t_mask, float* restrict t_softmax_4_out, char* restrict scratch, int nt)
 {
     (void)scratch;
     (void)nt;
