@@ -174,6 +174,19 @@ def test_a_reshape_s_shape_is_drawn_from_real_reshapes_of_its_input() -> None:
     assert any("s: int64[" in n and "const = [" in n for n in d.notes)
 
 
+def test_a_guard_on_a_chain_of_reshapes_is_met_and_each_target_is_tried() -> None:
+    # sum(x.reshape(-1, n), axis 0) flattened is x's sum over its two leading axes only where the
+    # Reshape merges those (dim(r, 1) == dim(x, 2)); without that guard, merging the last two is a
+    # counterexample. The ranks the guard asks of r and e are met, and a wrong rule is caught under
+    # any name (each name draws its own trials)
+    rule = ("rewrite {name}:\n    Reshape(ReduceSum(Reshape(x, s) as r, [0], keepdims=1), t) as e\n"
+            "    => ReduceSum(x, [0, 1], keepdims=0)\n    where rank(x) == 3 and rank(r) == 2{extra} and rank(e) == 1\n")
+    for name in ("bias_sum", "merged_rows", "wrong_one", "third_try", "seventh"):
+        assert _diags(rule.format(name=name, extra=" and dim(r, 1) == dim(x, 2)")) == []
+        (d,) = _diags(rule.format(name=name, extra=""))
+        assert d.code == "F022", d
+
+
 def test_a_float_shape_input_is_no_shape() -> None:
     from autofusion.graph.graph import Const, Node
     from autofusion.graph.types import DType, TensorType

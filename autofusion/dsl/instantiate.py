@@ -11,7 +11,7 @@ op. A trial that cannot place an op fails with :class:`NoInstance`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -223,6 +223,10 @@ class GraphMaker:
             raise NoInstance(f"{fresh[0].name} is unbound")
         valued = _valued_slots(opdef, slots, fresh)
         shaped = [v for v in fresh if v.name not in valued]
+        # the rank a guard asks of this node (rank(r) == 2), met where example values can (a
+        # Reshape's target): else a guard on a chain of Reshapes held in no trial of 32
+        wanted = self.trial.rank_hints.get(t.capture) if t.capture and valued else None
+        fallback = None
         for assignment, values in ((a, v) for a in self._assignments(shaped, slots)
                                    for v in self._example_values(opdef, slots, a, valued)):
             inputs, new_consts, new_types = self._materialize(slots, assignment, values)
@@ -236,12 +240,22 @@ class GraphMaker:
                 continue
             if any(t.numel > MAX_ELEMENTS for t in types):
                 raise NoInstance(f"{op} would produce more than {MAX_ELEMENTS} elements")
-            self._commit({**assignment, **{n: v.shape for n, v in values.items()}}, new_consts, new_types)
-            for o, ty in zip(outs, types):
-                self.types[o] = ty
-            self.nodes.append(node)
-            return outs
+            chosen = ({**assignment, **{n: v.shape for n, v in values.items()}}, new_consts, new_types, node, types)
+            if wanted is not None and types and types[0].rank != wanted:
+                fallback = fallback or chosen
+                continue
+            return self._add_node(outs, *chosen)
+        if fallback is not None:
+            return self._add_node(outs, *fallback)
         raise NoInstance(f"no input shapes make {op} type-check")
+
+    def _add_node(self, outs: tuple[str, ...], shapes: dict[str, tuple[int, ...]], consts: dict[str, Const],
+                  types: dict[str, TensorType], node: Node, out_types: Sequence[TensorType]) -> tuple[str, ...]:
+        self._commit(shapes, consts, types)
+        for o, ty in zip(outs, out_types):
+            self.types[o] = ty
+        self.nodes.append(node)
+        return outs
 
     def _attr(self, name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, Var):
