@@ -428,35 +428,14 @@ class LoopNest:
         while first > 0 and first - 1 in axes:
             first -= 1
         family = [stage, *stage.riders]
-        reads = self._row_reads([s.spec.x for s in family] + [t for s in family for t, _ in s.full])
+        reads = self._elementwise_reads([s.spec.x for s in family] + [t for s in family for t, _ in s.full],
+                                        statistics=True)
         if reads is None:
             return []
         while first < rank - 1 and not all(_whole_or_none(self.k.type(t).shape, shape, first) for t in reads):
             first += 1
         merged = [d for d in inner_dims if d >= first]
         return merged if len(merged) > 1 else []
-
-    def _row_reads(self, tensors: Sequence[str]) -> set[str] | None:
-        """Every tensor read or computed on the way to ``tensors`` in a row's loops, when pointwise ops
-        compute all of it from inputs and statistics (reductions' results); else None."""
-        seen: set[str] = set()
-        todo = list(tensors)
-        while todo:
-            tensor = todo.pop()
-            if tensor in seen:
-                continue
-            seen.add(tensor)
-            if not self.inl.computed_here(tensor):
-                continue
-            node = self.k.producer(tensor)
-            assert node is not None
-            op_class = self.k.registry[node.op].op_class
-            if op_class is OpClass.REDUCTION:
-                continue  # a statistic: read at its own (row) index
-            if node.op in CHANNEL_INDEXED or op_class is not OpClass.POINTWISE:
-                return None
-            todo.extend(t for t in node.inputs if t)
-        return seen
 
     def _column_block(self, stage: _Stage, passes: Sequence[object]) -> int:
         """Rows reduced side by side, when the reduced axes all precede the kept ones (a bias
@@ -555,7 +534,7 @@ class LoopNest:
         if (self.stages or self.inl.overrides or len(shape) < 2 or not all(isinstance(n, int) for n in shape)
                 or not 1 < shape[-1] < MERGED_MIN_INNER):
             return shape
-        tensors = self._elementwise_reads(outs)
+        tensors = self._elementwise_reads([t for t, _ in outs])
         if tensors is None:
             return shape
         first = len(shape) - 1
@@ -566,11 +545,12 @@ class LoopNest:
             return shape
         return (*shape[:first], *(1 for _ in shape[first:-1]), math.prod(shape[first:]))
 
-    def _elementwise_reads(self, outs: list[tuple[str, str]]) -> set[str] | None:
-        """Every tensor the nest computes or reads on the way to ``outs``, when all of it is computed
-        by pointwise ops and Expand (which read their inputs at the output's index, broadcast); else None."""
+    def _elementwise_reads(self, tensors: Sequence[str], statistics: bool = False) -> set[str] | None:
+        """Every tensor computed or read on the way to ``tensors``, when all of it is computed by
+        pointwise ops and Expand (which read their inputs at the output's index, broadcast), and with
+        ``statistics``, reductions (a row loop reads their results at the row's index); else None."""
         seen: set[str] = set()
-        todo = [t for t, _ in outs]
+        todo = list(tensors)
         while todo:
             tensor = todo.pop()
             if tensor in seen:
@@ -580,6 +560,8 @@ class LoopNest:
                 continue
             node = self.k.producer(tensor)
             assert node is not None
+            if statistics and self.k.registry[node.op].op_class is OpClass.REDUCTION:
+                continue
             expand = node.op == "Expand"
             if node.op in CHANNEL_INDEXED or (not expand and self.k.registry[node.op].op_class is not OpClass.POINTWISE):
                 return None
