@@ -283,10 +283,8 @@ def _once_per_row(graph: Graph, members: set[str], reductions: Sequence[str], wo
     for name in sorted(members, key=graph.node_index.__getitem__):
         node = graph.node_by_name[name]
         inside = [graph.producers[i].name for i in node.inputs if i in graph.producers and graph.producers[i].name in members]
-        if (name not in once and work[name].op_class is OpClass.POINTWISE and inside
-                and any(p in once for p in inside)
-                and all(work[p].numel == work[name].numel for p in inside if p in once)
-                and all(p in once for p in inside)):
+        if (work[name].op_class is OpClass.POINTWISE and inside and all(p in once for p in inside)
+                and all(work[p].numel == work[name].numel for p in inside)):
             once.add(name)
     return once
 
