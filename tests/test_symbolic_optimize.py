@@ -451,3 +451,17 @@ def test_the_c_entry_points_place_the_workspace_themselves_or_take_offsets_kept(
     finally:
         lib.af_destroy.argtypes = [ctypes.c_void_p]
         lib.af_destroy(ctx)
+
+
+def test_a_reduction_over_several_axes_of_symbolic_size_runs_them_as_loops_of_that_size() -> None:
+    """Sums over N, H and W with N and H symbolic: the trailing axes are not run as one loop (their
+    sizes are not known), and each axis's loop takes its symbolic bound."""
+    b = GraphBuilder("channel_sums")
+    x = b.input("x", (symbol("batch"), 5, symbol("h"), 7))
+    graph = b.build([b.op("ReduceSum", b.op("Relu", x), b.const(np.array([0, 2, 3], np.int64)), keepdims=1)])
+    model = CompiledModel(optimize(graph))
+    rng = np.random.default_rng(3)
+    for batch, h in ((3, 6), (2, 9)):
+        feeds = {"x": rng.standard_normal((batch, 5, h, 7)).astype(np.float32)}
+        want = run_graph(bind(graph, {"batch": batch, "h": h}), feeds)[graph.outputs[0]]
+        np.testing.assert_allclose(model.run(feeds)[graph.outputs[0]], want, rtol=1e-5, atol=1e-5)

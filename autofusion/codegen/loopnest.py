@@ -373,6 +373,7 @@ class LoopNest:
         row_sizes = [spec.x_shape[d] for d in spec.row_dims]
         row_exprs = ix.delinear("row", row_sizes)
         inner_dims = [d for d in spec.axes if spec.x_shape[d] != 1]
+        merged = self._run_as_one(stage, inner_dims)
         inner_exprs = ix.delinear("j", [spec.x_shape[d] for d in spec.axes])
         comment = (f"stage {stage.k}: {spec.node.op} {spec.node.name} over axes {list(spec.axes)} of "
                    f"{spec.x} {list(spec.x_shape)}: {spec.rows} rows x {spec.length}")
@@ -397,8 +398,8 @@ class LoopNest:
             if any("/" in e or "%" in e for e in row_exprs) else [],
             inner_lines=[f"const int64_t i{d} = {e};" for d, e in zip(spec.axes, inner_exprs) if d in inner_dims],
             # several reduced axes: one loop each, so that no element pays a division to find its index
-            nest=self._reduced_nest(stage, inner_dims),
-            nest_fixed=[f"const int64_t i{d} = 0; (void)i{d};" for d in self._run_as_one(stage, inner_dims)[:-1]],
+            nest=self._reduced_nest(spec.x_shape, inner_dims, merged),
+            nest_fixed=[f"const int64_t i{d} = 0; (void)i{d};" for d in merged[:-1]],
             nest_j=ix.linear(tuple(f"i{d}" if d in inner_dims else "0" for d in spec.axes),
                              tuple(spec.x_shape[d] for d in spec.axes)),
             passes=passes,
@@ -406,13 +407,13 @@ class LoopNest:
             full=full.lines,
         )
 
-    def _reduced_nest(self, stage: _Stage, inner_dims: Sequence[int]) -> list[tuple[str, int]]:
+    @staticmethod
+    def _reduced_nest(shape: tuple[Dim, ...], inner_dims: Sequence[int], merged: Sequence[int]) -> list[tuple[str, Dim]]:
         """The loops over a row's elements, one per reduced axis (none for a single axis: ``j`` is
-        the index), the trailing ones that :meth:`_run_as_one` allows as one loop."""
+        the index), the trailing ones in ``merged`` (:meth:`_run_as_one`) as one loop."""
         if len(inner_dims) < 2:
             return []
-        shape, merged = stage.spec.x_shape, self._run_as_one(stage, inner_dims)
-        loops = [(f"i{d}", int(shape[d])) for d in inner_dims if d not in merged]
+        loops = [(f"i{d}", shape[d]) for d in inner_dims if d not in merged]  # symbolic sizes stay symbolic
         return loops + ([(f"i{merged[-1]}", math.prod(int(shape[d]) for d in merged))] if merged else [])
 
     def _run_as_one(self, stage: _Stage, inner_dims: Sequence[int]) -> list[int]:
