@@ -31,13 +31,13 @@ from autofusion.ir.interpreter import InterpreterError, run_graph
 from autofusion.ops.registry import OpRegistry
 
 # a guard met by one of an op's example values (Reshape's target shape) is met in a drawn order:
-# 16 trials missed a 1-in-6 example for one rule in 16 (its seed is its name)
+# 16 trials missed a 1-in-6 example for one rule name in four (the name seeds the draws)
 UNIFORM_TRIALS = 32
 PERTURBED_TRIALS = 16
 WANTED_CASES = 4
-# a rule over an op with example values (Reshape's target shape) draws one per case: more cases, so
-# that each of a few targets that type-check is met (merging the first or the last two axes of a
-# 3-D tensor were each missed by 4 cases, for two rule names in three)
+# a rule over an op with example values (Reshape's target shape) draws one per case: 16 cases meet
+# each of the few targets that type-check (a 3-D tensor's two merges of neighbouring axes), which 4
+# could miss
 EXAMPLE_CASES = 16
 BASES = (4, 3, 2, 8)
 
