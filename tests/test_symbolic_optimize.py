@@ -465,3 +465,30 @@ def test_a_reduction_over_several_axes_of_symbolic_size_runs_them_as_loops_of_th
         feeds = {"x": rng.standard_normal((batch, 5, h, 7)).astype(np.float32)}
         want = run_graph(bind(graph, {"batch": batch, "h": h}), feeds)[graph.outputs[0]]
         np.testing.assert_allclose(model.run(feeds)[graph.outputs[0]], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_run_on_the_callers_memory_matches_run_and_checks_every_shape() -> None:
+    """run_addresses (the torch backend's call, no arrays made) gives run's numbers at each size of
+    a symbolic library and of a static one, and refuses shapes the graph contradicts."""
+    b = GraphBuilder("rows")
+    x = b.input("x", (SEQ, 16))
+    symbolic = CompiledModel(optimize(b.build([b.op("Relu", x)])))
+    b = GraphBuilder("rows4")
+    x = b.input("x", (4, 16))
+    static = CompiledModel(optimize(b.build([b.op("Relu", x)])))
+    for model, rows in ((symbolic, 3), (symbolic, 5), (static, 4)):
+        feed = np.arange(-8 * rows, 8 * rows, dtype=np.float32).reshape(rows, 16)
+        (shape,) = model.output_shapes([feed.shape])
+        out = np.full(shape, np.nan, np.float32)
+        model.run_addresses([feed.shape], [feed.ctypes.data], [out.ctypes.data])
+        np.testing.assert_array_equal(out, model.run({"x": feed})[model.plan.graph.outputs[0]])
+    with pytest.raises(RunError, match="input 'x' axis 1 is 15; the model takes \\[seq, 16\\]"):
+        symbolic.output_shapes([(3, 15)])
+    with pytest.raises(RunError, match="input 'x': shape \\(4, 15\\), graph expects \\(4, 16\\)"):
+        static.run_addresses([(4, 15)], [0], [0])
+    with pytest.raises(RunError, match="2 inputs given, the graph takes 1"):
+        static.output_shapes([(4, 16), (4, 16)])
+    with pytest.raises(RunError, match="2 output addresses, the graph has 1 outputs"):
+        static.run_addresses([(4, 16)], [0], [0, 0])
+    with pytest.raises(RunError, match="2 input addresses for 1 shapes"):
+        static.run_addresses([(4, 16)], [0, 0], [0])

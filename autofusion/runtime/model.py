@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,7 +167,34 @@ class CompiledModel:
         arrays = checked_feeds(self.plan.graph, feeds, call.in_shapes)
         inputs = [arrays[name] for name in self.plan.graph.inputs]
         outputs = [np.empty(shape, dtype) for shape, (_, _, dtype) in zip(call.out_shapes, self._out_specs)]
-        in_ptrs, out_ptrs = pointer_array(inputs), pointer_array(outputs)
+        self._invoke(call, pointer_array(inputs), pointer_array(outputs), threads)
+        result: dict[str, np.ndarray] = {}
+        for (name, _, _), arr in zip(self._out_specs, outputs):
+            result.setdefault(name, arr)
+        return result
+
+    def output_shapes(self, in_shapes: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+        """The outputs' shapes (in the graph's order) for inputs of ``in_shapes`` (one per graph
+        input, in order); RunError naming the input where a shape contradicts the graph."""
+        return self._call_of_shapes(in_shapes).out_shapes
+
+    def run_addresses(self, in_shapes: Sequence[tuple[int, ...]], inputs: Sequence[int], outputs: Sequence[int],
+                      threads: int | None = None) -> None:
+        """Run on memory the caller owns, with no array made per call (the torch backend's tensors):
+        ``inputs[i]`` is the address of graph input i, C-contiguous, of shape ``in_shapes[i]`` (checked
+        here) and of the graph's dtype (the caller's to check); ``outputs[j]`` has room for output j
+        at ``output_shapes(in_shapes)[j]``."""
+        call = self._call_of_shapes(in_shapes)
+        if len(inputs) != len(in_shapes):
+            raise RunError(f"{len(inputs)} input addresses for {len(in_shapes)} shapes")
+        if len(outputs) != len(self._out_specs):
+            raise RunError(f"{len(outputs)} output addresses, the graph has {len(self._out_specs)} outputs")
+        self._invoke(call, (ctypes.c_void_p * max(1, len(inputs)))(*inputs),
+                     (ctypes.c_void_p * max(1, len(outputs)))(*outputs), threads)
+
+    def _invoke(self, call: _Call, in_ptrs: ctypes.Array[ctypes.c_void_p], out_ptrs: ctypes.Array[ctypes.c_void_p],
+                threads: int | None) -> None:
+        """One run of the library on a workspace of its own."""
         nt = default_threads(threads) if threads is not None else self.threads
         with self.workspaces.lease(call.workspace_bytes) as workspace:
             if call.sizes is None:
@@ -180,10 +207,6 @@ class CompiledModel:
                                              workspace.ctypes.data, nt)
         if rc != 0:
             raise RunError(f"af_run returned {rc}")
-        result: dict[str, np.ndarray] = {}
-        for (name, _, _), arr in zip(self._out_specs, outputs):
-            result.setdefault(name, arr)
-        return result
 
     def _call(self, feeds: Mapping[str, np.ndarray]) -> _Call:
         """The call for the feeds' shapes: remembered, else worked out (RunError where they contradict
@@ -191,14 +214,31 @@ class CompiledModel:
         if self._static_call is not None:
             return self._static_call
         key = tuple(np.shape(feeds[n]) if n in feeds else None for n in self.plan.graph.inputs)
+        return self._remembered(key, lambda: self.binding(feeds))
+
+    def _call_of_shapes(self, in_shapes: Sequence[tuple[int, ...]]) -> _Call:
+        """The call for inputs of ``in_shapes``, each checked against the graph (RunError)."""
+        graph = self.plan.graph
+        shapes = tuple(tuple(s) for s in in_shapes)
+        if len(shapes) != len(graph.inputs):
+            raise RunError(f"{len(shapes)} inputs given, the graph takes {len(graph.inputs)}")
+        if self._static_call is None:
+            return self._remembered(shapes, lambda: shapes_binding(graph, dict(zip(graph.inputs, shapes))))
+        for name, shape, expected in zip(graph.inputs, shapes, self._static_call.in_shapes):
+            if shape != expected:
+                raise RunError(f"input {name!r}: shape {shape}, graph expects {expected}")
+        return self._static_call
+
+    def _remembered(self, key: tuple[tuple[int, ...] | None, ...], binding: Callable[[], dict[str, int]]) -> _Call:
+        """The call remembered for input shapes ``key``, else worked out at ``binding()``."""
         with self._calls_lock:
             found = self._calls.get(key)
         if found is not None:
             return found
-        binding = self.binding(feeds)
-        sizes, offsets, need = self._placed(binding)
+        bound = binding()
+        sizes, offsets, need = self._placed(bound)
         call = _Call(tuple(key),  # type: ignore[arg-type]
-                     tuple(tuple(evaluate(d, binding) for d in shape) for _, shape, _ in self._out_specs), sizes,
+                     tuple(tuple(evaluate(d, bound) for d in shape) for _, shape, _ in self._out_specs), sizes,
                      offsets, need)
         with self._calls_lock:
             self._calls[key] = call
@@ -210,8 +250,14 @@ class CompiledModel:
 def feeds_binding(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
     """The sizes the arrays ``feeds`` give each of ``graph``'s symbols; RunError naming the input and
     axis where they contradict the graph."""
+    return shapes_binding(graph, {k: np.shape(v) for k, v in feeds.items()})
+
+
+def shapes_binding(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The sizes inputs of ``shapes`` (by input name) give each of ``graph``'s symbols; RunError naming
+    the input and axis where they contradict the graph."""
     try:
-        return binding_of_shapes(graph, {k: np.shape(v) for k, v in feeds.items()})
+        return binding_of_shapes(graph, shapes)
     except BindError as e:
         raise RunError(str(e)) from None
 
