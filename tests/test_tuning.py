@@ -283,6 +283,20 @@ def test_render_tuned_measures_missing_cores_once_then_renders_with_them(tmp_pat
 # -- the cache file: damaged or foreign files are never trusted -----------------------------------
 
 
+def test_a_choice_is_not_carried_over_to_another_openblas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenBLAS is a candidate: a choice made against its kernels for one core (AVX-512) is not
+    reused where it runs another's (``OPENBLAS_CORETYPE=Haswell``), which times differently."""
+    import autofusion.runtime.tuning as tuning
+
+    times = {c: 3e-4 for c in candidates(BIG, MACHINE)}
+    times[CoreChoice("blas")] = 1e-4
+    monkeypatch.setattr(tuning, "blas_config", lambda: "OpenBLAS 0.3 DYNAMIC_ARCH SkylakeX")
+    assert _tuner(tmp_path, times, []).choose(BIG) == CoreChoice("blas")
+    assert _tuner(tmp_path, times, []).store.get(BIG, 2) == CoreChoice("blas")  # same OpenBLAS: remembered
+    monkeypatch.setattr(tuning, "blas_config", lambda: "OpenBLAS 0.3 DYNAMIC_ARCH Haswell")
+    assert _tuner(tmp_path, times, []).store.get(BIG, 2) is None  # another core: measured again
+
+
 def _stored(tmp_path: Path) -> TuningStore:
     times = {c: 3e-4 for c in candidates(BIG, MACHINE)}
     times[CoreChoice("blas")] = 1e-4

@@ -195,6 +195,7 @@ def machine_info() -> dict[str, Any]:
     import numpy as np
 
     from autofusion.codegen.cores import cache_sizes, cpu_model, native_isa
+    from autofusion.runtime.toolchain import blas_config
 
     l1d, l2 = cache_sizes()
     info: dict[str, Any] = {
@@ -204,6 +205,7 @@ def machine_info() -> dict[str, Any]:
         "l2_bytes": l2,
         "kernels_built_for": _kernels_isa(),
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "openblas": blas_config(),  # the version and the core its kernels run for
         "cpus_usable": cpu_count(),
         "cpus_total": os.cpu_count(),
         "platform": platform.platform(),

@@ -94,6 +94,24 @@ def blas_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (f"-I{ob.get_include_dir()}",), (f"-L{lib_dir}", f"-l{ob.get_library()}", f"-Wl,-rpath,{lib_dir}")
 
 
+@functools.lru_cache(maxsize=1)
+def blas_config() -> str:
+    """The OpenBLAS this process runs: version and the core its kernels were picked for (the CPU's,
+    or ``$OPENBLAS_CORETYPE``'s); "" where the library cannot be asked."""
+    import ctypes
+
+    try:
+        import scipy_openblas32 as ob
+
+        lib_dir = Path(ob.get_lib_dir())
+        lib = ctypes.CDLL(str(next(lib_dir.glob(f"lib{ob.get_library()}*.so*"))))
+        get_config = lib.scipy_openblas_get_config
+    except (ImportError, OSError, StopIteration, AttributeError):
+        return ""
+    get_config.restype = ctypes.c_char_p
+    return bytes(get_config() or b"").decode(errors="replace")
+
+
 def _cpu_id() -> str:
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -14,7 +14,8 @@ minute that happened to fall on the default's samples).
 
 Results live in one JSON file per machine under the compile cache (``tuning/<fingerprint>.json``),
 keyed by core and thread count; the fingerprint covers the CPU model and flags, the compiler and
-its flags (``Toolchain.key``) and the cores' C source, so a model is tuned once per machine (and
+its flags (``Toolchain.key``), the OpenBLAS version and the core its kernels run for
+(``$OPENBLAS_CORETYPE`` changes it) and the cores' C source, so a model is tuned once per machine (and
 again after the kernels change). A file that does not parse,
 fails its checksum, names another machine or holds an invalid entry is ignored with a warning and
 rewritten, never trusted. Writes go to a temporary file moved into place: concurrent tuners lose
@@ -58,7 +59,7 @@ from autofusion.graph.graph import Graph
 from autofusion.ir import GraphBuilder
 from autofusion.runtime.cache import CompileCache
 from autofusion.runtime.entry_file import EntryFile
-from autofusion.runtime.toolchain import Toolchain
+from autofusion.runtime.toolchain import Toolchain, blas_config
 
 FORMAT = 1
 CORE_TEMPLATES = ("af_sgemm.c.j2", "gemm_epilogue.c.j2", "conv_epilogue.c.j2")  # what a tuned core runs
@@ -118,7 +119,10 @@ class TuningStore:
     """The tuning results of one machine (toolchain fingerprint), loaded from and saved to disk."""
 
     def __init__(self, cache: CompileCache, toolchain: Toolchain, machine: Machine) -> None:
-        self.fingerprint = hashlib.sha256(f"{FORMAT}|{toolchain.key}|{machine}|{_kernels_digest()}".encode()).hexdigest()
+        # OpenBLAS is a candidate: another version, or its kernels for another core, times otherwise
+        blas = blas_config()
+        self.fingerprint = hashlib.sha256(
+            f"{FORMAT}|{toolchain.key}|{machine}|{blas}|{_kernels_digest()}".encode()).hexdigest()
         self.path = cache.root / "tuning" / f"{self.fingerprint[:24]}.json"
         self.file = EntryFile(self.path, self.fingerprint, FORMAT, _valid_entry)
         self.machine = machine
