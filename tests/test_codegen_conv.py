@@ -379,6 +379,7 @@ TAPS_CASES = {
     "1x3_kernel": dict(x=(1, 16, 7, 20), w=(40, 16, 1, 3), pads=(0, 1, 0, 1)),
     "1x1_with_pad": dict(x=(1, 16, 6, 6), w=(32, 16, 1, 1), pads=(1, 1, 1, 1)),
     "7x7_layer4": dict(x=(1, 64, 7, 7), w=(96, 64, 3, 3), pads=(1, 1, 1, 1)),
+    "rows_of_28": dict(x=(1, 8, 5, 28), w=(40, 8, 3, 3), pads=(1, 1, 1, 1)),  # two blocks of 14 a row (AVX-512)
     # channels and positions that are no multiple of the 8 x 8 blocks the tile is turned in
     "odd_channels_and_rows": dict(x=(1, 8, 11, 13), w=(37, 8, 3, 3), pads=(1, 1, 1, 1)),
     # one block of positions, two of channels: the slab copied once into scratch, shared by the tasks

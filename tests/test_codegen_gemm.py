@@ -680,10 +680,10 @@ TAPS_ENTRY = """void run(int rows, int ow, int pitch, int n, int k, int kc, floa
 def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) -> None:
     """af_sgemm_packed_taps for each instruction set against numpy: A's element (r, p) of output row
     y, position x at a[y * pitch + x + offs[p]] (offsets of a 3-row, 3-column window over rows of
-    ``pitch``), every row width around the blocks of 6 and 12 (1..14, 25, 56), blocks joining the
-    ends of rows (7 rows of 7 on AVX2: blocks of 5 and 6) or, on AVX-512 where a row's blocks keep 7
-    positions or more (7, 11, 12, 14, 25, 56), within rows; K in passes, the compact output at ldc,
-    columns past n untouched."""
+    ``pitch``), every row width around the blocks of 6, 12 and 14 (1..15, 25, 28, 42, 56), blocks
+    joining the ends of rows (7 rows of 7 on AVX2: blocks of 5 and 6) or, on AVX-512 where a row's
+    blocks keep 7 positions or more (7, 11..15, 25, 28, 42, 56; within a row up to 14), within rows;
+    K in passes, the compact output at ldc, columns past n untouched."""
     import ctypes
 
     from autofusion.codegen.gemm import pack_weights
@@ -696,7 +696,8 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
                     i32]
     for ow, rows, n, kc in ((1, 3, 5, 1024), (5, 2, 33, 64), (6, 2, 32, 1024), (7, 3, 17, 40),
                             (11, 1, 40, 1024), (12, 2, 8, 64), (13, 2, 64, 1024), (14, 3, 31, 40),
-                            (25, 2, 70, 1024), (56, 1, 16, 64), (7, 7, 40, 64), (2, 7, 9, 40)):
+                            (15, 2, 33, 1024), (25, 2, 70, 1024), (28, 2, 40, 64), (42, 1, 32, 40),
+                            (56, 1, 16, 64), (7, 7, 40, 64), (2, 7, 9, 40)):
         pitch, channels = ow + 2, 17
         plane = (rows + 2) * pitch
         slab = f32(channels * plane)
