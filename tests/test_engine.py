@@ -12,7 +12,7 @@ import pytest
 from autofusion.api import optimize
 from autofusion.dsl import load_rules
 from autofusion.engine import Limits, fusion_space, saturate_rewrites
-from autofusion.ir import DType, GraphBuilder, run_graph, verify
+from autofusion.ir import DType, Graph, GraphBuilder, run_graph, verify
 from autofusion.ops import default_registry
 
 RULES = """
@@ -57,6 +57,41 @@ def test_rewrites_saturate_and_extract_a_smaller_equivalent_graph(rules) -> None
     out = g.outputs[0]
     assert new.outputs == g.outputs
     np.testing.assert_allclose(run_graph(new, {"x": x})[out], run_graph(g, {"x": x})[out], rtol=1e-5, atol=1e-6)
+
+
+def _gelu_tanh_written(flips: tuple[int, ...]) -> Graph:
+    """GPT-2's GELU (six commutative ops), each op's operands in the order ``flips`` says: 0 as the
+    shipped rule writes them, 1 swapped (torch writes mul(0.5, x), add(1.0, tanh(...)))."""
+    b = GraphBuilder("gelu_tanh")
+    x = b.op("Relu", b.input("x", (4, 8)))
+
+    def op(name: str, flip: int, left: str, right: str) -> str:
+        return b.op(name, right, left) if flip else b.op(name, left, right)
+
+    def c(v: float) -> str:
+        return b.const(np.array(v, np.float32))
+
+    inner = op("Add", flips[1], x, op("Mul", flips[0], b.op("Pow", x, c(3.0)), c(0.044715)))
+    t = b.op("Tanh", op("Mul", flips[2], inner, c(0.7978845608028654)))
+    return b.build([op("Mul", flips[5], op("Mul", flips[4], x, c(0.5)), op("Add", flips[3], t, c(1.0)))])
+
+
+@pytest.mark.parametrize("flips", [(0,) * 6, (1,) * 6, (1, 0, 1, 1, 1, 0), (0, 1, 0, 0, 0, 1), (1, 1, 0, 1, 0, 1)])
+def test_a_pattern_of_many_commutative_ops_matches_its_constants_on_either_side(flips: tuple[int, ...]) -> None:
+    """A pattern with more commutative ops than get both argument orders (MAX_SWAPPABLE) still
+    matches a scalar constant on either side: the encoder puts a commutative op's scalar constant
+    second, where the pattern looks for it, and the ops without a literal take both orders. The
+    GELU of a torch export (constants first) was left in primitives, apart from its GEMM."""
+    from autofusion.api import load_ruleset
+
+    g = _gelu_tanh_written(flips)
+    result = saturate_rewrites(g, load_ruleset(None), default_registry())
+    assert result.report.fired.get("gelu_tanh") == 1
+    assert "Gelu" in [n.op for n in result.graph.nodes]
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    out = g.outputs[0]
+    np.testing.assert_allclose(run_graph(result.graph, {"x": x})[out], run_graph(g, {"x": x})[out], rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_literal_mismatch_does_not_rewrite(rules) -> None:

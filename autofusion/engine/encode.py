@@ -114,6 +114,7 @@ class Encoder:
         self.handle_of: dict[str, int] = {}  # tensor name -> handle
         self.leaf_name: dict[int, str] = {}  # In/Cst handle -> tensor name
         self._rows: dict[str, list[str]] = {t: [] for t in TABLES}
+        self._nums: set[int] = set()  # handles of scalar constants (Num leaves)
         self._next = 0
         self._batch = 0
 
@@ -137,6 +138,7 @@ class Encoder:
         if v is not None:
             shape = json.dumps(list(array.shape), separators=(",", ":"))
             self._rows["t-num"].append(f"{h}\t{f64(v)}\t{array.dtype}\t{shape}")
+            self._nums.add(h)
         if array.ndim <= 1 and array.size <= SMALL_VECTOR and np.issubdtype(array.dtype, np.integer):
             self._rows["t-vec"].append(f"{h}\t{vec_text(array)}")
         return h
@@ -144,6 +146,7 @@ class Encoder:
     def add_num(self, value: float, dtype: str, shape: Sequence[int] = ()) -> int:
         h = self.new_id()
         self._rows["t-num"].append(f"{h}\t{f64(value)}\t{dtype}\t{json.dumps(list(shape), separators=(',', ':'))}")
+        self._nums.add(h)
         return h
 
     def add_vec(self, array: np.ndarray) -> int:
@@ -152,6 +155,10 @@ class Encoder:
         return h
 
     def add_op(self, op: str, attrs: Mapping[str, Any], args: Sequence[int]) -> int:
+        opdef = self.registry.get(op)
+        if (opdef is not None and opdef.commutative and len(args) == 2 and args[0] in self._nums
+                and args[1] not in self._nums):
+            args = [args[1], args[0]]  # a scalar constant second, where patterns look for it (match.py)
         h = self.new_id()
         self._rows["t-op"].append(f"{h}\t{op}\t{attrs_text(attrs)}\t{len(args)}")
         for k, a in enumerate(args):

@@ -50,7 +50,11 @@ class CompiledPattern:
     literals: list[tuple[Literal, str]]
 
 
-MAX_SWAPPABLE = 3  # a pattern with more commutative ops matches as written (2**k rules would be slow)
+MAX_SWAPPABLE = 3  # a pattern with more commutative ops takes both orders only where no literal is (2**k rules)
+
+
+def _scalar_literal(term: Term) -> bool:
+    return isinstance(term, Literal) and not isinstance(term.value, tuple)
 
 
 class PatternCompiler:
@@ -88,13 +92,22 @@ class PatternCompiler:
             if v not in seen:
                 columns.append((v, "Expr"))
                 seen.add(v)
-        swappable: list[Term] = [s.term for s in ops if self._commutative(s.term.op) and len(s.term.args) == 2]
+        commutative: list[OpTerm] = [s.term for s in ops if self._commutative(s.term.op) and len(s.term.args) == 2]
+        # beyond MAX_SWAPPABLE, an op with a scalar literal matches it second, where the encoder puts
+        # scalar constants (a torch GELU, mul(0.5, x) ... add(1.0, tanh(...)), has six such ops), and
+        # only the others take both orders
+        fixed: set[OpTerm] = set()
+        swappable = commutative
+        if len(commutative) > MAX_SWAPPABLE:
+            swappable = [t for t in commutative if not any(_scalar_literal(a) for a in t.args)]
+            fixed = {t for t in commutative if _scalar_literal(t.args[0]) and not _scalar_literal(t.args[1])}
         slots: dict[Term, OpSlot] = {s.term: s for s in ops}
         head = f"({relation} {' '.join(v for v, _ in columns)})"
         lines = [f"(relation {relation} ({' '.join(sort for _, sort in columns)}))"]
         variants = 2 ** len(swappable) if len(swappable) <= MAX_SWAPPABLE else 1
         for mask in range(variants):
-            swaps = {t for i, t in enumerate(swappable) if mask >> i & 1}
+            swaps: set[Term] = {t for i, t in enumerate(swappable) if mask >> i & 1}
+            swaps.update(fixed)
             facts: list[str] = []
             self._emit(term, names, slots, vars_, swaps, facts, set())
             lines.append(f"(rule ({' '.join(facts)}) ({head}) :ruleset {ruleset} :name {quote(f'{rule_name}/{mask}')})")
