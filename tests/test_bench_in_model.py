@@ -54,7 +54,7 @@ def _kernel(name: str, *specs: CoreSpec) -> SimpleNamespace:
 def test_a_kernel_shares_its_time_among_its_cores_by_flops() -> None:
     big, small = CoreSpec("gemm", 8, 96, 64), CoreSpec("gemm", 8, 32, 64)  # 3 : 1
     kernels = [_kernel("k0", big, small), _kernel("k1", big), _kernel("k2")]
-    cores, rest = our_cores(kernels, {"k0": 4.0, "k1": 2.0, "k2": 0.5, "k3": 0.25}, lambda c: c.impl)
+    cores, rest = our_cores(kernels, {"k0": 4.0, "k1": 2.0, "k2": 0.5, "k3": 0.25}, lambda c, s: c.impl)
     assert cores[("gemm", 8, 96, 64)].ours_ms == [3.0, 2.0] and cores[("gemm", 8, 32, 64)].ours_ms == [1.0]
     assert rest == 0.75  # kernels without a core, and a step no kernel renders (a view)
     ort = {"a": ("MatMul", ("gemm", 8, 96, 64), 1.0), "b": ("MatMul", ("gemm", 8, 96, 64), 3.0),
@@ -112,7 +112,7 @@ def test_bench_cores_in_model_matches_every_core_of_a_model(capsys: pytest.Captu
 def test_a_product_onnxruntime_runs_in_parts_is_matched_to_them() -> None:
     qkv, out = CoreSpec("gemm", 8, 192, 64), CoreSpec("gemm", 8, 64, 64)  # Q, K and V in one product
     cores, rest = our_cores([_kernel("k0", qkv), _kernel("k1", out), _kernel("k2", qkv), _kernel("k3", out)],
-                            {"k0": 3.0, "k1": 1.5, "k2": 3.0, "k3": 1.5}, lambda c: c.impl)
+                            {"k0": 3.0, "k1": 1.5, "k2": 3.0, "k3": 1.5}, lambda c, s: c.impl)
     ort = {f"mm{i}": ("MatMul", ("gemm", 8, 64, 64), 1.0 + (i % 2) * 0.5) for i in range(8)}
     result = combine(cores, rest, ort)
     wide, narrow = cores[("gemm", 8, 192, 64)], cores[("gemm", 8, 64, 64)]
@@ -123,7 +123,7 @@ def test_a_product_onnxruntime_runs_in_parts_is_matched_to_them() -> None:
     # too few nodes of the shape to be the parts: the wide core has no time of onnxruntime's
     few = {f"mm{i}": ("MatMul", ("gemm", 8, 64, 64), 1.0) for i in range(5)}
     cores, rest = our_cores([_kernel("k0", qkv), _kernel("k1", out), _kernel("k2", qkv), _kernel("k3", out)],
-                            {"k0": 3.0, "k1": 1.5, "k2": 3.0, "k3": 1.5}, lambda c: c.impl)
+                            {"k0": 3.0, "k1": 1.5, "k2": 3.0, "k3": 1.5}, lambda c, s: c.impl)
     assert combine(cores, rest, few).cores[0].ratio() is None
 
 
@@ -147,7 +147,7 @@ def test_a_kernel_that_pools_is_compared_with_onnxruntimes_convolution_and_its_p
     which joins the convolution's time (an unrelated pooling node stays outside the cores)."""
     stem = CoreSpec("conv", 12544, 64, 147, geometry=((1, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1),
                                                       (1,)))
-    cores, rest = our_cores([_kernel("k0", stem)], {"k0": 1.5}, lambda c: c.impl, {"k0": 64 * 56 * 56})
+    cores, rest = our_cores([_kernel("k0", stem)], {"k0": 1.5}, lambda c, s: c.impl, {"k0": 64 * 56 * 56})
     ort = {"conv": ("FusedConv", ("conv", 12544, 64, 147), 1.0), "pool": ("MaxPool", ("pool", 64 * 56 * 56, 0, 0), 0.2),
            "other": ("AveragePool", ("pool", 10, 0, 0), 0.05)}
     result = combine(cores, rest, ort)

@@ -95,6 +95,29 @@ def test_the_wide_micro_kernel_is_the_default_where_it_pays() -> None:
         CoreChoice("taps", 512, wide=True)
 
 
+def _conv_spec(width: int, stride: int = 1) -> CoreSpec:
+    """A 3x3 convolution, 64 -> 64 channels, pad 1, on a square image ``width`` wide, as codegen/conv.py
+    describes it (geometry: input, weight, strides, pads, dilations, group)."""
+    out = (width + 2 - 3) // stride + 1
+    geometry = ((1, 64, width, width), (64, 64, 3, 3), (stride, stride), (1, 1, 1, 1), (1, 1), (1,))
+    return CoreSpec("conv", out * out, 64, 576, packable=True, geometry=geometry, taps=True)
+
+
+def test_a_taps_label_names_the_blocks_the_convolution_runs() -> None:
+    """AVX-512 cuts output rows of 7 or more positions into blocks of up to 14 within the row
+    (AF_TAPS_MR, af_sgemm.c.j2); narrower rows, and every row on AVX2, take blocks of the packed
+    kernel's rows across row ends: the label says which (it said 12x32 for every convolution)."""
+    taps = CoreChoice("taps", 1024)
+    assert _conv_spec(56).row_width == 56 and _conv_spec(14, stride=2).row_width == 7
+    assert taps.label(AVX512, _conv_spec(56)) == "taps avx512 14x32 kc1024"
+    assert taps.label(AVX512, _conv_spec(14, stride=2)) == "taps avx512 14x32 kc1024"  # 7 wide: one block a row
+    assert taps.label(AVX512, _conv_spec(5)) == "taps avx512 12x32 kc1024"  # 5 wide: across row ends
+    assert taps.label(AVX512) == "taps avx512 12x32 kc1024"  # no geometry: the packed kernel's shape
+    assert taps.label(MACHINE, _conv_spec(56)) == "taps avx2 6x16 kc1024"
+    assert CoreChoice("packed", 1024).label(AVX512, _conv_spec(56)) == "packed avx512 12x32 kc1024"  # im2col
+    assert CoreSpec("gemm", 128, 64, 64).row_width is None and CoreSpec("conv", 9, 8, 8).row_width is None
+
+
 def test_a_wide_choice_a_core_or_machine_cannot_take_falls_back() -> None:
     wide = CoreChoice("packed", 512, wide=True)
     assert FixedChooser(wide, AVX512).choose(FFN_IN) == wide

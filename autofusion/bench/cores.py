@@ -127,7 +127,7 @@ def measure_cores(cores: list[tuple[CoreSpec, CoreChoice, int]], machine: Machin
     for i, (spec, choice, count) in enumerate(cores):
         if progress is not None:
             progress(i, len(cores), spec.describe())
-        result = CoreResult(spec, choice, count, choice.label(machine))
+        result = CoreResult(spec, choice, count, choice.label(machine, spec))
         calls: dict[str, Callable[[], object]] = {}
         for name in runners:
             try:

@@ -121,7 +121,7 @@ def _describe(key: CoreKey) -> str:
     return f"{kind} [{rows} x {depth}] @ [{depth} x {cols}]"
 
 
-def our_cores(kernels: Any, medians_ms: Mapping[str, float], label: Callable[[Any], str],
+def our_cores(kernels: Any, medians_ms: Mapping[str, float], label: Callable[[Any, Any], str],
               pools: Mapping[str, int] | None = None) -> tuple[dict[CoreKey, InModelCore], float]:
     """Each kernel's median shared among its cores by FLOPs; also the time of kernels without one.
     ``pools`` gives the elements of the pooling window a kernel ends with (by group name), which
@@ -139,7 +139,7 @@ def our_cores(kernels: Any, medians_ms: Mapping[str, float], label: Callable[[An
             key = spec_key(spec)
             entry = cores.setdefault(key, InModelCore(key, _describe(key)))
             entry.ours_ms.append(ms * spec.flops / total)
-            entry.labels.append(label(choice))
+            entry.labels.append(label(choice, spec))
             if (pools or {}).get(kernel.group.name):
                 entry.pools.append((pools or {})[kernel.group.name])
     return cores, sum(rest.values())
@@ -312,7 +312,7 @@ def measure_in_model(plan: Any, onnx_bytes: bytes, feeds: Mapping[str, np.ndarra
                 block()
         events = json.loads(Path(session.end_profiling()).read_text())
     medians = {group: statistics.median(t) * 1e3 for group, t in samples.items()}
-    cores, rest = our_cores(model.source.kernels, medians, lambda c: c.label(model.machine), _pools(plan))
+    cores, rest = our_cores(model.source.kernels, medians, lambda c, s: c.label(model.machine, s), _pools(plan))
     result = combine(cores, rest, ort_node_times(events, timed))
     result.run_ms = {name: statistics.median(t) * 1e3 for name, t in walls.items()}
     return result

@@ -184,7 +184,7 @@ def pretune(plan: Any, args: argparse.Namespace) -> dict[str, Any]:
     assert isinstance(model.chooser, Tuner)
     return {"tuned": True, "seconds": round(time.perf_counter() - t0, 3),
             "cores_measured": model.chooser.tuned,
-            "cores": sorted({f"{s.describe()}: {c.label(model.machine)}" for k in model.source.kernels
+            "cores": sorted({f"{s.describe()}: {c.label(model.machine, s)}" for k in model.source.kernels
                              for s, c in k.cores})}
 
 

@@ -211,7 +211,7 @@ def _run_compiled(args: argparse.Namespace, graph: Graph, feeds: Mapping[str, np
         return outputs, start, None
     samples = model.step_samples(feeds, PROFILE_RUNS)  # after the first run: its page faults are not the kernels'
     groups = {g.name: g for g in model.plan.groups}
-    cores = {k.group.name: sorted({c.label(model.machine) for _, c in k.cores}) for k in model.source.kernels}
+    cores = {k.group.name: sorted({c.label(model.machine, s) for s, c in k.cores}) for k in model.source.kernels}
     rows = [{"kernel": name, "template": groups[name].template, "nodes": len(groups[name].nodes),
              "ms": statistics.median(times) * 1e3, "predicted_ms": groups[name].cost.seconds * 1e3,
              "cost_model": groups[name].cost.model, "cores": cores.get(name, [])} for name, times in samples.items()]

@@ -38,6 +38,11 @@ MICRO_KERNELS = {"avx512": (12, 32), "avx2": (6, 16), "avx": (6, 16), "portable"
 # kernel's time built for Haswell on a Xeon, and 1.35-1.58x on BERT's products on a Zen 3 (tuner,
 # fastest of 7 rounds each), where it only cost tuning time.
 WIDE_KERNELS = {"avx512": (8, 48)}
+# a convolution's taps block kept within one output row (AF_TAPS_MR, AF_TAPS_ROW_MIN): up to 14 positions
+# on AVX-512 where rows are at least 7 wide; otherwise, and on other instruction sets, blocks of the
+# micro-kernel's rows across row ends
+TAPS_ROW_KERNELS = {"avx512": (14, 32)}
+TAPS_ROW_MIN = {"avx512": 7}
 WIDE_BY_DEFAULT = frozenset({"avx512"})
 WIDE_MIN_ROWS = 16  # at 8 rows the wide kernel was no faster (1.03x; C harness, Xeon, 2 threads)
 ISAS = tuple(MICRO_KERNELS)
@@ -79,9 +84,14 @@ class Machine:
         """(rows, columns) of the wide micro-kernel, or None where this instruction set has none."""
         return WIDE_KERNELS.get(self.isa)
 
-    def kernel_shape(self, choice: CoreChoice) -> tuple[int, int]:
-        """(rows, columns) of the micro-kernel ``choice`` runs."""
+    def kernel_shape(self, choice: CoreChoice, core: CoreSpec | None = None) -> tuple[int, int]:
+        """(rows, columns) of the micro-kernel ``choice`` runs (on ``core``: a convolution's taps
+        blocks within its output rows where they are wide enough)."""
         wide = self.wide_kernel
+        if choice.taps and core is not None and self.isa in TAPS_ROW_KERNELS:
+            width = core.row_width
+            if width is not None and width >= TAPS_ROW_MIN[self.isa]:
+                return TAPS_ROW_KERNELS[self.isa]
         return wide if choice.wide and wide else self.micro_kernel
 
     def takes_wide(self, core: CoreSpec) -> bool:
@@ -136,6 +146,19 @@ class CoreSpec:
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k * self.calls
 
+    @property
+    def row_width(self) -> int | None:
+        """A convolution's output positions per row (its last spatial axis), from ``geometry``;
+        None for a product or where the geometry is not given."""
+        if self.kind != "conv" or len(self.geometry) < 5:
+            return None
+        xs, ws, strides, pads, dilations = self.geometry[:5]
+        spatial = len(strides)
+        if not spatial or len(xs) != spatial + 2 or len(pads) != 2 * spatial:
+            return None
+        reach = dilations[-1] * (ws[-1] - 1) + 1
+        return (xs[-1] + pads[spatial - 1] + pads[-1] - reach) // strides[-1] + 1
+
     def key(self) -> str:
         """A stable text key: equal for cores that run the same code on the same sizes."""
         geo = ";".join(",".join(str(v) for v in part) for part in self.geometry)
@@ -184,12 +207,13 @@ class CoreChoice:
     def taps(self) -> bool:
         return self.impl == "taps"
 
-    def label(self, machine: Machine) -> str:
+    def label(self, machine: Machine, core: CoreSpec | None = None) -> str:
+        """The variant as reports name it; with ``core``, a convolution's taps blocks as it runs them."""
         if self.impl == "depthwise":
             return "depthwise direct"
         if not self.panels:
             return "openblas sgemm"
-        rows, cols = machine.kernel_shape(self)
+        rows, cols = machine.kernel_shape(self, core)
         return f"{self.impl} {machine.isa} {rows}x{cols} kc{self.kc}"
 
     def fitting(self, core: CoreSpec, machine: Machine | None = None) -> CoreChoice:

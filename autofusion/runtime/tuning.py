@@ -256,7 +256,7 @@ class Tuner:
             best = best if challenger <= (1 - MARGIN) * default else 0
         else:
             best = 0
-        times = {c.label(self.machine): m * 1e3 for c, m in zip(options, fastest)}
+        times = {c.label(self.machine, spec): m * 1e3 for c, m in zip(options, fastest)}
         return options[best], times
 
     def _fastest(self, models: list[Runnable], runs: list[int], feeds: Mapping[str, np.ndarray]) -> list[float]:
