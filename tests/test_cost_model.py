@@ -148,6 +148,25 @@ def test_what_is_computed_from_a_rows_statistic_and_sibling_reductions_are_price
     assert demand[g.producers[doubled].name] == 64 * 256  # one pass for both sums
 
 
+def test_a_convolution_under_a_pooling_op_is_priced_in_its_kernel() -> None:
+    """Conv -> Relu -> MaxPool as one kernel (codegen/conv.py computes the convolution's rows and pools
+    them): the convolution and the activation are computed once, though nothing reads them but an
+    opaque op. Their demand was 0, so ResNet-18's stem kernel was priced at its pooling alone (0.04 ms
+    predicted, 0.97 ms measured; Xeon, 2 threads)."""
+    b = GraphBuilder("stem")
+    x = b.input("x", (1, 3, 32, 32))
+    conv = b.op("Conv", x, b.const(np.ones((16, 3, 7, 7), np.float32)), pads=(3, 3, 3, 3), strides=(2, 2))
+    g = b.build([b.op("MaxPool", b.op("Relu", conv), kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))])
+    model = AnalyticCostModel()
+    names = [n.name for n in g.nodes]
+    demand = evaluations(g, names, model.work(g))
+    assert demand[names[0]] == demand[names[1]] == 16 * 16 * 16  # each of their outputs once
+    conv_alone = model.terms(g, names[:1])
+    fused = model.terms(g, names)
+    assert fused.matmul_flops >= conv_alone.matmul_flops > 0
+    assert fused.flops >= conv_alone.flops + 16 * 16 * 16  # the Relu's too
+
+
 def test_views_cost_nothing() -> None:
     b = GraphBuilder("view")
     x = b.input("x", (4, 8))

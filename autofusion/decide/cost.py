@@ -259,8 +259,13 @@ def evaluations(graph: Graph, nodes: Sequence[str], work: NodeWork) -> dict[str,
         if name in once:  # computed once per row, in its own stage, however many read it
             demand[name] = min(demand[name], float(numel))
             mine = {("row", name): demand[name]}
-        if op_class is OpClass.OPAQUE:
-            continue  # opaque cores read their inputs from memory: no prologue inlining
+        if op_class is OpClass.OPAQUE:  # opaque cores read their inputs from memory: no prologue inlining,
+            for i in node.inputs:  # but what the group computes for them it computes, once (a pooled conv)
+                producer = graph.producers.get(i)
+                if producer is not None and producer.name in members:
+                    theirs = loops[producer.name]
+                    theirs["out"] = max(theirs.get("out", 0.0), float(work[producer.name].numel))
+            continue
         for i in node.inputs:
             producer = graph.producers.get(i)
             if producer is None or producer.name not in members:
