@@ -670,17 +670,19 @@ def test_several_products_packed_per_call_in_one_kernel() -> None:
     assert code.count("af_pack_panels(") == 3 and "packed_key2" in code
 
 
-TAPS_ENTRY = """void run(int rows, int ow, int pitch, int n, int k, int kc, float alpha, const float* a,
+TAPS_ENTRY = """void run(int rows, int ow, int pitch, int pstride, int n, int k, int kc, float alpha, const float* a,
                            const int32_t* offs, const float* w, float* c, int ldc) {
-    af_sgemm_packed_taps(rows, ow, pitch, n, k, kc, alpha, a, offs, w, c, ldc);
+    af_sgemm_packed_taps(rows, ow, pitch, pstride, n, k, kc, alpha, a, offs, w, c, ldc);
 }"""
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
-def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) -> None:
+def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str, channels_last: bool) -> None:
     """af_sgemm_packed_taps for each instruction set against numpy: A's element (r, p) of output row
-    y, position x at a[y * pitch + x + offs[p]] (offsets of a 3-row, 3-column window over rows of
-    ``pitch``), every row width around the blocks of 6, 12 and 14 (1..15, 25, 28, 42, 56), blocks
+    y, position x at a[(y * pitch + x) * pstride + offs[p]] (offsets of a 3-row, 3-column window over
+    rows of ``pitch``; pstride 1 with channel-major planes, or 21 with each position's 17 channels
+    together), every row width around the blocks of 6, 12 and 14 (1..15, 25, 28, 42, 56), blocks
     joining the ends of rows (7 rows of 7 on AVX2: blocks of 5 and 6) or, on AVX-512 where a row's
     blocks keep 7 positions or more (7, 11..15, 25, 28, 42, 56; within a row up to 14), within rows;
     K in passes, the compact output at ldc, columns past n untouched."""
@@ -692,7 +694,7 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
     if run is None:
         pytest.skip(f"{isa}: compiled; this CPU cannot run it")
     ptr, i32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int
-    run.argtypes = [i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr, ctypes.POINTER(ctypes.c_int32), ptr, ptr,
+    run.argtypes = [i32, i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr, ctypes.POINTER(ctypes.c_int32), ptr, ptr,
                     i32]
     for ow, rows, n, kc in ((1, 3, 5, 1024), (5, 2, 33, 64), (6, 2, 32, 1024), (7, 3, 17, 40),
                             (11, 1, 40, 1024), (12, 2, 8, 64), (13, 2, 64, 1024), (14, 3, 31, 40),
@@ -700,16 +702,17 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str) ->
                             (56, 1, 16, 64), (7, 7, 40, 64), (2, 7, 9, 40)):
         pitch, channels = ow + 2, 17
         plane = (rows + 2) * pitch
-        slab = f32(channels * plane)
-        offs = np.array([ch * plane + dy * pitch + dx for ch in range(channels) for dy in range(3) for dx in range(3)],
-                        np.int32)
+        pstride, chstride, spot = (21, 1, 21) if channels_last else (1, plane, 1)  # a channel's, a position's step
+        slab = f32(max(channels * plane, plane * pstride))
+        offs = np.array([ch * chstride + (dy * pitch + dx) * spot for ch in range(channels) for dy in range(3)
+                         for dx in range(3)], np.int32)
         k = len(offs)  # 153: two passes of 77 and 76 at kc 64, four of 39, 38, 38, 38 at kc 40
         w = f32(k, n)
-        a = np.stack([slab[y * pitch + x + offs] for y in range(rows) for x in range(ow)])  # [rows * ow, k]
+        a = np.stack([slab[(y * pitch + x) * pstride + offs] for y in range(rows) for x in range(ow)])  # [rows * ow, k]
         c = np.full((rows * ow, n + 3), np.nan, np.float32)
         packed = pack_weights(w, _slice_cols(isa))  # held: the call reads it
-        run(rows, ow, pitch, n, k, kc, 0.5, slab.ctypes.data_as(ptr), offs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-            packed.ctypes.data_as(ptr), c.ctypes.data_as(ptr), n + 3)
+        run(rows, ow, pitch, pstride, n, k, kc, 0.5, slab.ctypes.data_as(ptr),
+            offs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), packed.ctypes.data_as(ptr), c.ctypes.data_as(ptr), n + 3)
         np.testing.assert_allclose(c[:, :n], 0.5 * a @ w, rtol=1e-4, atol=1e-4, err_msg=f"ow={ow} rows={rows} n={n}")
         assert np.isnan(c[:, n:]).all()
 

@@ -46,10 +46,11 @@ WIDE_VECTOR_TEMPLATES = frozenset({"pointwise", "reduction"})
 
 def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
                  registry: OpRegistry | None = None, chooser: CoreChooser | None = None,
-                 kinds: KindRegistry | None = None) -> KernelSource | None:
+                 kinds: KindRegistry | None = None, channels_last: frozenset[str] = frozenset()) -> KernelSource | None:
     """The kernel of ``group``, rendered by its kind's C renderer; None for a view group (it only
     aliases a buffer). ``chooser`` decides how its matrix products run (default: untuned, from what
-    this machine reports)."""
+    this machine reports); ``channels_last``: the plan's tensors convolution kernels hand over
+    [N, H, W, C] (codegen/conv_layout.py)."""
     registry = registry or default_registry()
     kinds = kinds or default_kinds()
     kind = group_kind(group, kinds, BACKEND, c_kinds(kinds))
@@ -57,7 +58,7 @@ def render_group(graph: Graph, group: FusedGroup, templates: TemplateSet,
     for node in nodes:
         if node.op not in registry:
             raise group_error(group, "op is not in the op registry", node)
-    k = KernelContext(graph, registry, group, templates)
+    k = KernelContext(graph, registry, group, templates, channels_last=channels_last)
     if chooser is not None:
         k.chooser = chooser
     renderer = kind.renderer(BACKEND)

@@ -63,6 +63,7 @@ class KernelContext:
     uses_blas: bool = False
     chooser: CoreChooser = field(default_factory=DefaultChooser)
     cores: list[tuple[CoreSpec, CoreChoice]] = field(default_factory=list)
+    channels_last: frozenset[str] = frozenset()  # tensors stored [N, H, W, C] (codegen/conv_layout.py)
     _counter: int = 0
 
     def core(self, spec: CoreSpec) -> CoreChoice:

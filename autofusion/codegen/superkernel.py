@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autofusion.codegen.buffers import BufferPlan, plan_buffers
-from autofusion.codegen.cores import CoreChooser
+from autofusion.codegen.conv_layout import channels_last_tensors
+from autofusion.codegen.cores import CoreChooser, DefaultChooser
 from autofusion.codegen.errors import CodegenError
 from autofusion.codegen.group_renderer import render_group
 from autofusion.codegen.kernel_context import KernelSource, group_comment
@@ -63,8 +64,10 @@ class LibrarySource:
 def render_kernels(plan: Plan, templates: TemplateSet, registry: OpRegistry,
                    chooser: CoreChooser | None = None) -> list[KernelSource]:
     out = []
+    machine = (chooser or DefaultChooser()).machine
+    channels_last = channels_last_tensors(plan.graph, plan.groups, registry, machine)
     for group in plan.groups:
-        k = render_group(plan.graph, group, templates, registry, chooser, plan.kinds)
+        k = render_group(plan.graph, group, templates, registry, chooser, plan.kinds, channels_last)
         if k is not None:
             out.append(k)
     return out

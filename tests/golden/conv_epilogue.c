@@ -62,7 +62,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                 float* restrict c = tile_t;
                 /* the tile transposed, [positions x channels]: the taps (read in place) @ the packed W^T */
                 AF_PACKED_FOR(32);
-                af_sgemm_packed_taps((int)(plen / 56), 56, 58, mlen, 576, 1024, 1.0f, cols, offs,
+                af_sgemm_packed_taps((int)(plen / 56), 56, 58, 1, mlen, 576, 1024, 1.0f, cols, offs,
                                      t_d_conv_3_packed + gi * 36864 + m0 * 576, tile, 64);
                 /* the tile is [positions x channels]: turned channel-major, so that the epilogue reads and
                    writes rows of positions in order */
