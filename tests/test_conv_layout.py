@@ -99,6 +99,21 @@ def test_every_way_a_consumer_reads_a_channels_last_input_matches_the_reference(
     assert ("src[(wo * " in consumer.code) == (handed_over and not taps)  # the im2col block from [N, H, W, C]
 
 
+@pytest.mark.parametrize("impl", ["taps", "packed", "blas"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_producer_hands_over_the_convolutions_own_values(rng: np.random.Generator, impl: str, bias: bool) -> None:
+    """The handed-over tensor is the convolution's output itself: OpenBLAS's product no longer goes
+    straight into it (it did, channel-major, and the epilogue then rewrote it in place)."""
+    b = GraphBuilder("bare")
+    x = b.input("x", (1, 8, 16, 16))
+    y = b.op("Conv", x, b.const(weight(rng, 24, 8, 3, 3)), *([b.const(weight(rng, 24, 1)[:, 0])] if bias else []),
+             pads=(1, 1, 1, 1))
+    g = b.build([b.op("Conv", y, b.const(weight(rng, 40, 24, 3, 3)), pads=(1, 1, 1, 1), strides=(2, 2))])
+    plan = one_kernel_per_conv(g)
+    assert channels_last_tensors(g, plan.groups, default_registry(), AVX512) == {y}
+    run_checked(plan, {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)}, FixedChooser(CoreChoice(impl, 256)))
+
+
 def test_a_pooled_consumer_reads_a_channels_last_input(rng: np.random.Generator) -> None:
     b = GraphBuilder("pooled")
     x = b.input("x", (1, 8, 20, 20))
@@ -117,24 +132,29 @@ def test_a_pooled_consumer_reads_a_channels_last_input(rng: np.random.Generator)
 
 def test_what_is_not_handed_over_channels_last(rng: np.random.Generator) -> None:
     """A stride-1 consumer, a graph output, a tensor another op reads, a grouped consumer, a
-    producer that pools, a consumer whose output rows are under 7 wide: each stays channel-major."""
+    producer that pools or writes another output, a consumer whose output rows are under 7 wide:
+    each stays channel-major."""
     reg = default_registry()
 
     def chain(second: dict, extra_reader: bool = False, output: bool = False, pool: bool = False,
-              size: int = 28) -> tuple[Graph, str]:
+              size: int = 28, second_output: bool = False) -> tuple[Graph, str]:
         b = GraphBuilder("chain")
         x = b.input("x", (1, 8, size, size))
-        y = b.op("Relu", b.op("Conv", x, b.const(weight(rng, 16, 8, 3, 3)), pads=(1, 1, 1, 1)))
+        y_conv = b.op("Conv", x, b.const(weight(rng, 16, 8, 3, 3)), pads=(1, 1, 1, 1))
+        y = b.op("Relu", y_conv)
         if pool:
             y = b.op("MaxPool", y, kernel_shape=(2, 2), strides=(2, 2))
         groups = second.pop("group", 1)
         z = b.op("Conv", y, b.const(weight(rng, 16, 16 // groups, 3, 3)), pads=(1, 1, 1, 1), group=groups, **second)
         outs = [z] + ([b.op("Sigmoid", y)] if extra_reader else []) + ([y] if output else [])
+        if second_output:  # the producer's kernel writes its conv's values too (the plan puts the Sigmoid with it)
+            outs.append(b.op("Sigmoid", y_conv))
         return b.build(outs), y
 
     for second, kw in [({"strides": (1, 1)}, {}), ({"strides": (2, 2)}, {"output": True}),
                        ({"strides": (2, 2)}, {"extra_reader": True}), ({"strides": (2, 2), "group": 2}, {}),
-                       ({"strides": (2, 2)}, {"pool": True}), ({"strides": (2, 2)}, {"size": 12})]:
+                       ({"strides": (2, 2)}, {"pool": True}), ({"strides": (2, 2)}, {"size": 12}),
+                       ({"strides": (2, 2)}, {"second_output": True})]:
         g, y = chain(dict(second), **kw)
         plan = one_kernel_per_conv(g)
         assert y not in channels_last_tensors(g, plan.groups, reg, AVX512), (second, kw)

@@ -349,7 +349,7 @@ class _Conv:
             ybuf = only_into
             if through_tile:
                 aligned.append((y, ybuf))
-        elif y in outputs:
+        elif y in outputs and y not in k.channels_last:  # (a channels-last one is written from the tile)
             ybuf = k.pointer(y)
         elif late:
             ybuf = f"((float*)(scratch + {k.scratch(g.types[y].nbytes)}))"

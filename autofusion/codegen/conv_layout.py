@@ -40,8 +40,9 @@ def channels_last_tensors(graph: Graph, groups: Sequence[FusedGroup], registry: 
     found = set()
     for group in groups:
         conv = conv_of[group.name]
-        if conv is None or any(registry[graph.node_by_name[n].op].pooling for n in group.nodes):
-            continue
+        if conv is None or len(group.outputs) != 1 or any(registry[graph.node_by_name[n].op].pooling
+                                                           for n in group.nodes):
+            continue  # (one output: nothing else of the kernel reads the convolution's values back)
         for t in group.outputs:
             consumers: Sequence[Node] = graph.consumers.get(t, ())
             if (consumers and t not in graph.outputs and t not in graph.inputs
