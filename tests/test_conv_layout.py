@@ -114,6 +114,23 @@ def test_a_producer_hands_over_the_convolutions_own_values(rng: np.random.Genera
     run_checked(plan, {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)}, FixedChooser(CoreChoice(impl, 256)))
 
 
+@pytest.mark.parametrize("impl", ["taps", "blas"])
+@pytest.mark.parametrize("geometry", [dict(strides=(2, 2), dilations=(2, 2), pads=(2, 2, 2, 2)),
+                                      dict(strides=(2, 2), pads=(0, 0, 1, 1)), dict(strides=(2, 1), pads=(1, 1, 1, 1)),
+                                      dict(strides=(1, 2), pads=(1, 1, 1, 1)), dict(strides=(3, 3), pads=(1, 0, 1, 0))],
+                         ids=["dilated", "pads-after", "rows-strided", "columns-strided", "stride-3"])
+def test_strided_geometries_read_a_channels_last_input(rng: np.random.Generator, impl: str, geometry: dict) -> None:
+    """Dilation, pads on one side only (an exporter's SAME), a stride on one axis, stride 3: the
+    slab's phases and padding with each position's channels together, and im2col's."""
+    b = GraphBuilder("geometry")
+    x = b.input("x", (2, 8, 30, 30))
+    y = b.op("Relu", b.op("Conv", x, b.const(weight(rng, 24, 8, 3, 3)), pads=(1, 1, 1, 1)))
+    g = b.build([b.op("Conv", y, b.const(weight(rng, 40, 24, 3, 3)), **geometry)])
+    plan = one_kernel_per_conv(g)
+    assert channels_last_tensors(g, plan.groups, default_registry(), AVX512) == {y}
+    run_checked(plan, {"x": rng.standard_normal((2, 8, 30, 30)).astype(np.float32)}, FixedChooser(CoreChoice(impl, 256)))
+
+
 def test_a_pooled_consumer_reads_a_channels_last_input(rng: np.random.Generator) -> None:
     b = GraphBuilder("pooled")
     x = b.input("x", (1, 8, 20, 20))
