@@ -164,6 +164,8 @@ def test_conv_with_a_pooling_epilogue(pool_op: str, pool_attrs: dict, channels: 
     assert ("the pooled values of the block" in code) == (not separable) and "pin[" in code
     assert "scratch +" not in code  # nothing the size of the convolution's output
     assert ("af_sgemm_packed_taps(" in code) == (impl == "taps" and channels >= PACKED_MIN_COLUMNS)
+    # a packed tile is turned straight into the max-pool's rows, the Relu applied to the pooled values
+    assert ("the activation after the max" in code) == (separable and channels >= PACKED_MIN_COLUMNS)
 
 
 @pytest.mark.parametrize("x_shape,pool_op", [((1, 3, 112, 112), "MaxPool"), ((2, 2, 81, 63), "MaxPool"),
@@ -185,6 +187,24 @@ def test_pooled_blocks_in_a_stripe_carry_their_shared_rows_over(x_shape: tuple[i
     assert ("the max-pool of the block, separably" in code) == (pool_op == "MaxPool")
     per = int(code.split("const int64_t first = t % ")[1].split("*")[1].split(";")[0])
     assert per > 1  # the carry is exercised: blocks follow each other within a task
+
+
+@pytest.mark.parametrize("acts,after", [(("Clip",), True), (("Relu", "Clip"), True), (("Neg", "Relu"), False),
+                                        (("Sigmoid",), False), ((), True)])
+def test_a_max_pool_takes_the_activation_after_it_only_where_the_activation_rises(acts: tuple[str, ...],
+                                                                                 after: bool) -> None:
+    """max(relu(x + b)) = relu(max(x) + b): Relu and Clip with constant bounds never fall, so the raw
+    tile is pooled and they run on the pooled values; a Neg between (max turns to min) keeps the
+    activation before the pooling, and so does any op not known to rise (Sigmoid)."""
+    b = GraphBuilder("rising")
+    x = b.input("x", (1, 4, 30, 30))
+    t = b.op("Conv", x, b.const(f32(48, 4, 3, 3)), b.const(f32(48)), pads=(1, 1, 1, 1))
+    for act in acts:
+        t = (b.op("Clip", t, b.const(np.float32(-0.5)), b.const(np.float32(0.7))) if act == "Clip" else b.op(act, t))
+    g = b.build([b.op("MaxPool", t, kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))])
+    code = check(g, {"x": f32(1, 4, 30, 30)})
+    assert ("the activation after the max" in code) == after
+    assert "the max-pool of the block, separably" in code
 
 
 def test_conv_pooling_falls_back_when_the_convolution_is_also_an_output() -> None:

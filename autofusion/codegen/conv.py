@@ -16,7 +16,8 @@ spatial axes.
 A pooling op (MaxPool, AveragePool) after the convolution and its activation can be part of the
 group: tasks are then blocks of pooled output rows, each computing the convolution rows its windows
 reach (a block's first row repeats the previous block's last when windows overlap), and the pooled
-values are the epilogue. The convolution's output, the largest tensor of a ResNet, is never stored.
+values are the epilogue. The convolution's output, the largest tensor of a ResNet, is never stored. A
+max-pool over Relu and Clip pools the raw values and applies them after (both never fall).
 """
 
 from __future__ import annotations
@@ -427,12 +428,21 @@ class _Conv:
         mb = _channel_block(mg, n_img * groups * -(-poh // prb), packed)
         tiles_m = -(-mg // mb)
         ldc = pb  # the tile, or with a packed weight tile_t: [channel x position]
-        # pass 1, per tile element: the pooling op's input (bias, activation...) into pin, [channel x position]
         pool_in = pool.inputs[0]
-        inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
-        inl.overrides[y] = self._tile_override(ldc, ow, bias, inl)
+        separable = self._separable_max(pool, pw_, outputs)
         prepass = Block()
-        prepass.emit(f"pinw[mi * {pb} + q * {ow} + ow] = {inl.value(pool_in, self._y_index(), prepass)};")
+        if packed and separable is not None and self._rising_path(y, pool_in):
+            # the max of what rises with the convolution's value is what rises with its max: the tile is
+            # turned straight into pin, raw, and the activation runs on the pooled values, a quarter of
+            # them (ResNet-18's stem: one pass over its 3.2 MB output fewer)
+            post_inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
+            post_inl.overrides[y] = lambda idx, block: "best" + (f" + {bias(idx[1], post_inl, block)}" if bias else "")
+            post = Block()
+            separable = {**separable, "post": post_inl.value(pool_in, self._y_index(), post), "post_lines": post.lines}
+        else:  # pass 1, per tile element: the pooling op's input (bias, activation...) into pin, [channel x position]
+            inl = Inliner(k, self.non_core, self.handlers, overrides=dict(self.loads))
+            inl.overrides[y] = self._tile_override(ldc, ow, bias, inl)
+            prepass.emit(f"pinw[mi * {pb} + q * {ow} + ow] = {inl.value(pool_in, self._y_index(), prepass)};")
         # pass 2, per pooled element: the window over pin (and whatever follows the pooling op)
         expected = self._y_index()[:2]
 
@@ -474,14 +484,26 @@ class _Conv:
             prologue=self.prologue, epilogue=[], parallel=parallel, shared_col=None,
             shared_slab=None,
             tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
-            batch=geo["n_img"], tiles_m=tiles_m, tiles_p=-(-chunks // per), mb=mb, pb=pb, c_ptr="tile_t" if packed else "tile",
+            batch=geo["n_img"], tiles_m=tiles_m, tiles_p=-(-chunks // per), mb=mb, pb=pb,
+            c_ptr=("pinw" if separable and "post" in separable else "tile_t") if packed else "tile",
             ldc=ldc, channels_out=geo["m"],
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],
             pool=dict(rows=prb, out_rows=poh, out_cols=ps[3], stride=stride, pad=pad, reach=reach, body=body.lines,
-                      chunks=chunks, per=per, separable=self._separable_max(pool, pw_, outputs)),
+                      chunks=chunks, per=per, separable=separable),
             positions_outer=False, x_nhwc=self.core.inputs[0] in k.channels_last,
             **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
+
+    def _rising_path(self, y: str, tensor: str) -> bool:
+        """Whether ``tensor`` is ``y`` through the group's Relu and constant-bounded Clip ops only: each
+        never falls as its input rises, so a max taken before them equals one taken after."""
+        while tensor != y:
+            node = self.g.producers.get(tensor)
+            if (node is None or node.name not in self.non_core or node.op not in ("Relu", "Clip")
+                    or not all(self.g.is_const(t) for t in node.inputs[1:] if t)):
+                return False
+            tensor = node.inputs[0]
+        return True
 
     def _separable_max(self, pool: Node, w: Window, outputs: list[str]) -> dict[str, Any] | None:
         """What the template's separable max-pool pass needs, when it computes the group's one output:
