@@ -68,6 +68,14 @@ def conv_epilogue() -> tuple[Graph, str]:
     return b.build([b.op("Relu", b.op("Add", c, skip))]), "conv_epilogue"
 
 
+def conv_strided() -> tuple[Graph, str]:
+    """A ResNet stage's stride-2 entry: the taps read in place (Winograd takes stride 1 only)."""
+    b = GraphBuilder("conv_s2")
+    x = b.input("x", (1, 64, 56, 56))
+    c = b.op("Conv", x, b.const(_weights(128, 64, 3, 3)), b.const(_weights(128)), pads=(1, 1, 1, 1), strides=(2, 2))
+    return b.build([b.op("Relu", c)]), "conv_epilogue"
+
+
 def maxpool() -> tuple[Graph, str]:
     b = GraphBuilder("pool")
     x = b.input("x", (1, 64, 112, 112))
@@ -80,6 +88,7 @@ CASES: dict[str, Callable[[], tuple[Graph, str]]] = {
     "softmax_masked.c": softmax_masked,
     "gemm_epilogue.c": gemm_epilogue,
     "conv_epilogue.c": conv_epilogue,
+    "conv_strided.c": conv_strided,
     "maxpool.c": maxpool,
 }
 

@@ -40,6 +40,7 @@ from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.sizes import TYPICAL_IMAGES, at_least, hint, typical
 from autofusion.codegen.views import strided_view
+from autofusion.codegen.winograd import TRANSFORMED, winograd_blocks, winograd_weights
 from autofusion.graph.graph import Node
 from autofusion.graph.types import DType
 from autofusion.ops.common import ints
@@ -227,9 +228,13 @@ class _Conv:
                      and taps_fit(geo["ow"], joined_rows, self.k.chooser.machine.micro_kernel[0])
                      and min(win.pad_begin + win.pad_end) >= 0)
         depthwise_ok = mg == 1 and geo["cg"] == 1 and pool is None
+        winograd_ok = (packable and pool is None and geo["groups"] == 1 and geo["od"] == 1 and geo["kd"] == 1
+                       and geo["pd"] == 0 and (geo["kh"], geo["kw"], geo["sh"], geo["sw"], geo["dh"], geo["dw"])
+                       == (3, 3, 1, 1, 1, 1) and min(win.pad_begin + win.pad_end) >= 0
+                       and self.core.inputs[0] not in self.k.channels_last)
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=xs_at[0] * geo["groups"],
                                       geometry=geometry, taps=direct_ok, depthwise=depthwise_ok,
-                                      repackable=repackable))
+                                      repackable=repackable, winograd=winograd_ok))
         self.k_pass = choice.kc
         if choice.impl == "repack":  # from here on a packed weight, whose panels the kernel fills first
             self.runtime_pack = {}
@@ -244,6 +249,12 @@ class _Conv:
             self.runtime_pack.update(source=self._buffer(core.inputs[1]), offset=offset,
                                      panels=-(-mg // PACK_NR))
             return "wpack"
+        if choice.impl == "winograd":  # U = G W G^T: 16 matrices [C x M], each packed into column panels
+            cols = slice_cols(self.k)
+            self.packed_check = packed_for(cols)
+            u = winograd_weights(np.asarray(weight, np.float32))
+            return self.k.derived_constant(f"{core.name}_winograd", np.concatenate(
+                [pack_weights(u[i, j].T, cols) for i in range(4) for j in range(4)]))
         if choice.packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             cols = slice_cols(self.k)
             self.packed_check = packed_for(cols)
@@ -272,6 +283,11 @@ class _Conv:
                   else max(TILE_P, min(hint(p) // MIN_TASKS, tile_floats // min(hint(mg), TILE_M))))
         rows_per_tile = max(1, target // ow)
         rows_per_tile = -(-(p // ow) // -(-(p // ow) // rows_per_tile))  # equal blocks: 28 rows are 4 x 7, not 9+9+9+1
+        wino = None
+        if choice.impl == "winograd":  # tasks of whole 2x2 tiles, sized so that their transforms stay in L2
+            wino = winograd_blocks(geo["oh"], ow, geo["iw"], geo["pw"], geo["cg"], min(mg, TILE_M),
+                                   self.k.chooser.machine.l2)
+            rows_per_tile = wino.task_rows
         pb = min(p, ow * rows_per_tile)
         mb = _channel_block(mg, typical(geo["n_img"], TYPICAL_IMAGES) * geo["groups"] * -(-p // pb), packed)
         tiles_m, tiles_p = -(-mg // max(mb, 1)), -(-p // max(pb, 1))
@@ -309,17 +325,21 @@ class _Conv:
         shared_input = (parallel is True and geo["n_img"] == 1 and geo["groups"] == 1 and tiles_p == 1
                         and tiles_m > 1)
         shared_col = (k.scratch(kc * p * 4) if shared_input and im2col and direct is None and not depthwise
-                      else None)
+                      and wino is None else None)
         shared_slab = k.scratch(direct.slab_bytes) if shared_input and direct is not None else None
         tile_floats = mb * pb if packed or not ybuf else 0
         col_floats = kc * pb if im2col and direct is None and not depthwise and shared_col is None else 0
         if direct is not None:  # the slab and the offset table take the im2col block's place
             col_floats = ((0 if shared_slab is not None else direct.slab_bytes) + kc * 4) // 4
+        if wino is not None:  # the task's transformed input and its 16 products take it
+            col_floats = TRANSFORMED * wino.tiles * (geo["cg"] + mb)
         col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 2 if packed else 1)  # (and tile_t)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
-        how = "taps read in place" if direct else "im2col " + ("yes" if im2col else "no")
+        how = ("Winograd F(2x2, 3x3)" if wino else "taps read in place" if direct
+               else "im2col " + ("yes" if im2col else "no"))
         return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass,
+            "conv_epilogue.c.j2", k_pass=self.k_pass, winograd=wino,
+            u_size=-(-mg // PACK_NR) * PACK_NR * geo["cg"],
             comment=c_comment_text(f"Conv {self.core.name}: {list(geo['xs'])} * {list(geo['ws'])} -> {list(ys)}, "
                                    f"group {geo['groups']}, {how}; epilogue per tile: {ops}"),
             direct=direct, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
@@ -477,7 +497,7 @@ class _Conv:
         col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 3 if packed else 2)  # tile, pin (and tile_t)
         how = "taps read in place" if direct else "im2col " + ("yes" if geo["im2col"] else "no")
         return k.templates.render(
-            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False, runtime_pack=None,
+            "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False, runtime_pack=None, winograd=None,
             comment=c_comment_text(f"Conv {self.core.name}: {list(xs)} * {list(ws)} -> {list(ys)}, group {groups}, "
                                    f"{how}; epilogue per tile: {ops} "
                                    f"-> {list(ps)}, {prb} pooled rows per task"),

@@ -45,13 +45,25 @@ TAPS_ROW_KERNELS = {"avx512": (14, 32)}
 TAPS_ROW_MIN = {"avx512": 7}
 WIDE_BY_DEFAULT = frozenset({"avx512"})
 WIDE_MIN_ROWS = 16  # at 8 rows the wide kernel was no faster (1.03x; C harness, Xeon, 2 threads)
+# the untuned choice of the Winograd core: input and output channels both at least this many. 3x3,
+# with Add and Relu, taps' time (Xeon, 2 threads): 64-512 channels 0.63-0.86x built for AVX-512, 0.53-0.66x
+# for AVX2; 32 channels 0.90x; 16 1.65x, 3 in 1.22x (the transforms outweigh products of so few channels)
+WINOGRAD_MIN_CHANNELS = 32
+# ... and at least this many output positions an image: each task reads the whole transformed weight
+# (16/9 the weight), which in a model comes from memory, for its tiles alone. ResNet-18's layer 4 (7 x 7,
+# 16 tiles, a 16.8 MB transformed weight) took 1.40x onnxruntime's time in the model against 0.98x with
+# the taps, although 0.86x the taps' time alone, where the weight stays in cache (so the tuner, which
+# times a core alone, is not offered it either); layer 3 (14 x 14) 0.84x
+WINOGRAD_MIN_POSITIONS = 128
 ISAS = tuple(MICRO_KERNELS)
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_COLUMNS = 32  # columns of a packed panel (PACK_NR, codegen/gemm.py); the wide kernel's are its own
-# "taps": packed weights, a convolution's taps read in place; "depthwise": one input channel per
-# output channel, its taps accumulated straight from the input (no product to hand a GEMM);
-# "repack": B is computed at run time (attention), packed per call into the same panels
-IMPLS = ("packed", "taps", "depthwise", "repack", "blas")
+# "taps": packed weights, a convolution's taps read in place; "winograd": a 3x3 convolution's
+# Winograd F(2x2, 3x3) transform (16 packed products of 4/9 the multiplications, conv.py);
+# "depthwise": one input channel per output channel, its taps accumulated straight from the input
+# (no product to hand a GEMM); "repack": B is computed at run time (attention), packed per call into
+# the same panels
+IMPLS = ("packed", "taps", "winograd", "depthwise", "repack", "blas")
 
 
 def k_pass(k: int, kc: int) -> int:
@@ -138,6 +150,7 @@ class CoreSpec:
     geometry: tuple[tuple[int, ...], ...] = ()
     taps: bool = False  # a convolution that can read its taps in place from a padded, phase-split input
     depthwise: bool = False  # a convolution with one input and one output channel per group
+    winograd: bool = False  # a dense 3x3 convolution, stride and dilation 1, that the Winograd transform takes
     repackable: bool = False  # B is computed at run time and can be packed into panels per call
     a_transposed: bool = False  # A is read column-wise (stored K x M, e.g. X^T of a weight gradient)
     b_transposed: bool = False  # B is read row-wise (stored N x K, e.g. W^T of a Linear layer)
@@ -164,6 +177,7 @@ class CoreSpec:
         geo = ";".join(",".join(str(v) for v in part) for part in self.geometry)
         flags = "".join(str(int(f)) for f in (self.packable, self.taps, self.depthwise))
         layout = ("r" if self.repackable else "") + ("a" if self.a_transposed else "") + ("b" if self.b_transposed else "")
+        layout += "w" if self.winograd else ""
         return f"{self.kind}:{self.calls}x{self.m}x{self.k}x{self.n}:{flags}{layout}:{geo}"
 
     def describe(self) -> str:
@@ -177,6 +191,7 @@ class CoreSpec:
 class CoreChoice:
     """How a core is computed: ``packed`` with ``kc`` rows of K per pass, ``taps`` (packed, and a
     convolution's taps read in place from its zero-padded input instead of an im2col copy),
+    ``winograd`` (packed, a 3x3 convolution as 16 products over Winograd-transformed tiles),
     ``depthwise`` (a depthwise convolution's taps summed straight from the input), ``repack`` (a B
     computed at run time packed per call, then the packed kernel), or OpenBLAS's ``blas``.
     ``wide``: ``packed`` on the wide micro-kernel (WIDE_KERNELS), over panels of its own width."""
@@ -196,7 +211,7 @@ class CoreChoice:
     @property
     def packed(self) -> bool:
         """Whether the weight is packed (the runtime's GEMM kernel computes the product)."""
-        return self.impl in ("packed", "taps")
+        return self.impl in ("packed", "taps", "winograd")
 
     @property
     def panels(self) -> bool:
@@ -229,6 +244,8 @@ class CoreChoice:
             return CoreChoice("blas")
         if self.taps and not core.taps:
             return CoreChoice("packed", self.kc)
+        if self.impl == "winograd" and not core.winograd:
+            return CoreChoice("taps", self.kc).fitting(core)
         if self.impl == "depthwise" and not core.depthwise:
             return CoreChoice("blas")
         return self
@@ -255,6 +272,8 @@ class DefaultChooser:
             return CoreChoice("depthwise")
         if core.repackable:
             return CoreChoice("repack", self.machine.kc_for(core))
+        if core.winograd and winograd_by_default(core):
+            return CoreChoice("winograd", self.machine.kc_for(core))
         if self.machine.takes_wide(core) and wide_by_default(core, self.machine):
             return CoreChoice("packed", self.machine.kc_for(core, wide=True), wide=True)
         return CoreChoice("taps", self.machine.kc_for(core)).fitting(core)
@@ -266,6 +285,18 @@ def wide_by_default(core: CoreSpec, machine: Machine) -> bool:
     wide = machine.wide_kernel
     return (wide is not None and machine.isa in WIDE_BY_DEFAULT and core.n % wide[1] == 0
             and core.m >= WIDE_MIN_ROWS)
+
+
+def winograd_pays(core: CoreSpec) -> bool:
+    """Whether a convolution the Winograd core can take has the positions to read its transformed
+    weight for (the tuner offers it only then)."""
+    return core.winograd and core.m >= WINOGRAD_MIN_POSITIONS
+
+
+def winograd_by_default(core: CoreSpec) -> bool:
+    """The untuned choice of the Winograd core: where it pays, with enough channels in (K = 9 x
+    them) and out for the products to outweigh the transforms."""
+    return winograd_pays(core) and core.k // 9 >= WINOGRAD_MIN_CHANNELS and core.n >= WINOGRAD_MIN_CHANNELS
 
 
 class FixedChooser:

@@ -34,6 +34,7 @@ CORE_CHOICES: tuple[CoreChoice | None, ...] = (
     None, None, None,  # the default chooser, as an untuned compile takes it
     CoreChoice("packed", 128), CoreChoice("packed", 256), CoreChoice("packed", 512), CoreChoice("packed", 1024),
     CoreChoice("taps", 128), CoreChoice("taps", 512), CoreChoice("taps", 1024), CoreChoice("repack", 256),
+    CoreChoice("winograd", 128), CoreChoice("winograd", 512),  # a 3x3 convolution's Winograd transform
     CoreChoice("packed", 512, wide=True),  # the wide micro-kernel where the CPU has one
     CoreChoice("blas"),
     CoreChoice("depthwise"))

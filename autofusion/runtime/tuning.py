@@ -42,6 +42,8 @@ from autofusion.codegen.cores import (
     WIDE_BY_DEFAULT,
     WIDE_KERNELS,
     WIDE_MIN_ROWS,
+    WINOGRAD_MIN_CHANNELS,
+    WINOGRAD_MIN_POSITIONS,
     CoreChoice,
     CoreChooser,
     CoreSpec,
@@ -51,6 +53,7 @@ from autofusion.codegen.cores import (
     cpu_model,
     k_pass,
     this_machine,
+    winograd_pays,
 )
 from autofusion.codegen.templates import default_templates
 from autofusion.decide import one_kernel_plan
@@ -86,14 +89,19 @@ class TuningCacheWarning(UserWarning):
 
 def candidates(spec: CoreSpec, machine: Machine) -> list[CoreChoice]:
     """The default first; for a convolution that can read its taps in place, the im2col form
-    too; for a product the wide micro-kernel can take, the other micro-kernel; then the other K
+    too (and a 3x3 one's Winograd transform); for a product the wide micro-kernel can take, the
+    other micro-kernel; then the other K
     blockings that differ for this K; then OpenBLAS."""
     base = machine.kc_for(spec)
     impl = "repack" if not spec.packable else "taps" if spec.taps else "packed"
     out = [CoreChoice(impl, base)] + ([CoreChoice("packed", base)] if spec.taps and spec.packable else [])
+    default = DefaultChooser(machine).choose(spec)
     if machine.takes_wide(spec):
         wide = CoreChoice("packed", machine.kc_for(spec, wide=True), wide=True)
-        out = [wide, *out] if DefaultChooser(machine).choose(spec) == wide else [*out, wide]
+        out = [wide, *out] if default == wide else [*out, wide]
+    if winograd_pays(spec):
+        winograd = CoreChoice("winograd", base)
+        out = [winograd, *out] if default == winograd else [*out, winograd]
     seen = {k_pass(spec.k, base)}
     # a quarter: with AVX2, taps read in place are 64 bytes a step, as much as the slice of W, and only
     # 128 rows keep both in L1 (Zen 3, 512 KiB L2: the default 512)
@@ -179,7 +187,7 @@ def _kernels_digest() -> str:
     """The cores' C source (the kernel and the templates around it) and the candidates' rule: results
     measured on other code are not reused."""
     root = default_templates().directory
-    text = "".join((root / name).read_text() for name in CORE_TEMPLATES) + f"|{KC_MIN},{KC_MAX}|{MARGIN}|{WIDE_KERNELS},{sorted(WIDE_BY_DEFAULT)},{WIDE_MIN_ROWS}"
+    text = "".join((root / name).read_text() for name in CORE_TEMPLATES) + f"|{KC_MIN},{KC_MAX}|{MARGIN}|{WIDE_KERNELS},{sorted(WIDE_BY_DEFAULT)},{WIDE_MIN_ROWS},{WINOGRAD_MIN_CHANNELS},{WINOGRAD_MIN_POSITIONS}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -1,72 +1,115 @@
 /* k0_conv_add_relu: Conv -> Add -> Relu */
 /* template conv_epilogue, kind linear, 3 node(s) */
 /* rules: fuse_conv_epilogue (rules/example.fuse:7) */
-AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restrict t_const_2, const float* restrict t_skip, float* restrict t_relu_5_out, const float* restrict t_d_conv_3_packed, char* restrict scratch, int nt)
+AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restrict t_const_2, const float* restrict t_skip, float* restrict t_relu_5_out, const float* restrict t_d_conv_3_winograd, char* restrict scratch, int nt)
 {
     (void)scratch;
     (void)nt;
-    /* Conv conv_3: [1, 64, 56, 56] * [64, 64, 3, 3] -> [1, 64, 56, 56], group 1, taps read in place; epilogue per tile: Conv -> Add -> Relu */
+    /* Conv conv_3: [1, 64, 56, 56] * [64, 64, 3, 3] -> [1, 64, 56, 56], group 1, Winograd F(2x2, 3x3); epilogue per tile: Conv -> Add -> Relu */
     {
         scipy_openblas_set_num_threads(1); /* tiles run in parallel, one sgemm per thread at a time */
         #pragma omp parallel num_threads(nt)
         {
-            char* restrict block = (char*)af_thread_block(641280); /* this thread's */
-            /* this thread's slab: a block's input rows zero-padded and split by stride phase,
-               [channel][row phase][column phase][row][column]; offs: where each (channel, tap) starts in
-               it, so that the taps are read in place (af_sgemm_packed_taps) */
-            float* restrict slab = (float*)block;
-            int32_t* restrict offs = (int32_t*)(block + 237568);
-            {
-                static const int32_t tap_start[9] = { 0, 1, 2, 58, 59, 60, 116, 117, 118 };
-                for (int64_t row = 0; row < 576; ++row)
-                    offs[row] = (int32_t)(row / 9 * 928 + tap_start[row % 9]);
-            }
-            float* restrict tile = (float*)(block + 239872);
-            float* restrict tile_t = (float*)(block + 440576); /* the tile channel-major */
+            char* restrict block = (char*)af_thread_block(573440); /* this thread's */
+            float* restrict tile = (float*)(block + 458752);
+            float* restrict tile_t = (float*)(block + 516096); /* the tile channel-major */
             /* one task per (image, group, channel block, block of whole output rows): no barrier between them */
             #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < 4; ++t) {
-                const int64_t n = t / 4;
-                const int64_t gi = t / 4 % 1;
-                const int64_t m0 = t / 4 % 1 * 64;
-                const int64_t p0 = t % 4 * 784;
+            for (int64_t t = 0; t < 14; ++t) {
+                const int64_t n = t / 14;
+                const int64_t gi = t / 14 % 1;
+                const int64_t m0 = t / 14 % 1 * 64;
+                const int64_t p0 = t % 14 * 224;
                 const int mlen = (int)(64 - m0 < 64 ? 64 - m0 : 64);
-                const int plen = (int)(3136 - p0 < 784 ? 3136 - p0 : 784);
+                const int plen = (int)(3136 - p0 < 224 ? 3136 - p0 : 224);
                 const float* restrict xg = t_x + (n * 64 + gi * 64) * 3136;
-                /* the block's input rows, each copied once (im2col copies it once per tap) */
-                static const int64_t row_phase[1] = { 0 };
-                static const int64_t col_phase[1] = { 0 };
-                const int64_t q0 = p0 / 56, srows = plen / 56 + 2;
-                for (int64_t ch = 0; ch < 64; ++ch)
-                    for (int64_t a = 0; a < 1; ++a)
-                        for (int64_t r = 0; r < srows; ++r) {
-                            float* restrict dst = slab + ch * 928 + a * 928 + r * 58;
-                            const int64_t y = (q0 + r) * 1 + row_phase[a] - 1;
-                            /* a row outside the image is all padding: an empty range, not a branch (as in im2col) */
-                            const int64_t inside = (y >= 0) & (y < 56);
-                            const float* restrict src = xg + ch * 3136 + inside * y * 56;
-                            for (int64_t b = 0; b < 1; ++b) {
-                                /* the plane's columns whose input column j * sw + phase - pw is inside the image: [lo, hi) */
-                                const int64_t first = 1 - col_phase[b], last = 56 - col_phase[b];
-                                int64_t lo = first > 0 ? (first + 0) / 1 : 0;
-                                int64_t hi = last >= 0 ? last / 1 + 1 : 0;
-                                if (hi > 58) hi = 58;
-                                if (lo > hi || !inside) lo = hi;
-                                float* restrict out = dst + b * 928;
-                                for (int64_t j = 0; j < lo; ++j) out[j] = 0.0f;
-                                for (int64_t j = lo; j < hi; ++j) out[j] = src[j * 1 - first];
-                                for (int64_t j = hi; j < 58; ++j) out[j] = 0.0f;
+                /* Winograd: the input is read through its transform, below */
+                float* restrict c = tile_t;
+                /* Winograd F(2x2, 3x3) (codegen/winograd.py): each 2x2 block of output positions from the 4x4
+                   input patch under it. V = B^T d B of every tile and channel, [16][channel][tile]; the 16
+                   products [tiles x C] @ U[e] (U = G g G^T, packed at build time) into M, [16][tile][channel];
+                   the tile is A^T M A of each, [positions x channels] as the packed product leaves it */
+                {
+                    const int64_t row0 = p0 / 56;
+                    const int trows = (plen / 56 + 1) / 2, tiles = trows * 28;
+                    float* restrict wv = (float*)block;
+                    float* restrict wm = wv + (int64_t)1024 * tiles;
+                    for (int64_t ch = 0; ch < 64; ++ch) {
+                        const float* restrict xc = xg + ch * 3136;
+                        for (int tr = 0; tr < trows; ++tr) {
+                            /* the tile row's 4 input rows, zero-padded: column j is the image's j - 1 */
+                            float d[4][58];
+                            for (int r = 0; r < 4; ++r) {
+                                const int64_t y = row0 + 2 * tr + r - 1;
+                                /* a row outside the image is all padding: an empty range, not a branch (as in im2col) */
+                                const int64_t inside = (y >= 0) & (y < 56);
+                                const int64_t lo = inside ? 1 : 58, hi = inside ? 57 : 58;
+                                const float* restrict src = xc + inside * y * 56;
+                                for (int64_t j = 0; j < lo; ++j) d[r][j] = 0.0f;
+                                for (int64_t j = lo; j < hi; ++j) d[r][j] = src[j - 1];
+                                for (int64_t j = hi; j < 58; ++j) d[r][j] = 0.0f;
+                            }
+                            /* B^T over the rows, then over the columns of each tile */
+                            float bt[4][58];
+                            for (int64_t j = 0; j < 58; ++j) {
+                                bt[0][j] = d[0][j] - d[2][j];
+                                bt[1][j] = d[1][j] + d[2][j];
+                                bt[2][j] = d[2][j] - d[1][j];
+                                bt[3][j] = d[1][j] - d[3][j];
+                            }
+                            for (int i = 0; i < 4; ++i) {
+                                float* restrict v = wv + ((int64_t)(4 * i) * 64 + ch) * tiles + tr * 28;
+                                const float* restrict row = bt[i];
+                                for (int64_t tc = 0; tc < 28; ++tc) {
+                                    const float* restrict q = row + 2 * tc;
+                                    v[tc] = q[0] - q[2];
+                                    v[64 * tiles + tc] = q[1] + q[2];
+                                    v[128 * tiles + tc] = q[2] - q[1];
+                                    v[192 * tiles + tc] = q[1] - q[3];
+                                }
                             }
                         }
-                const float* restrict cols = slab;
-                float* restrict c = tile_t;
-                /* the tile transposed, [positions x channels]: the taps (read in place) @ the packed W^T */
-                AF_PACKED_FOR(32);
-                af_sgemm_packed_taps((int)(plen / 56), 56, 58, 1, mlen, 576, 1024, 1.0f, cols, offs,
-                                     t_d_conv_3_packed + gi * 36864 + m0 * 576, tile, 64);
+                    }
+                    AF_PACKED_FOR(32);
+                    for (int e = 0; e < 16; ++e)
+                        af_sgemm_packed(tiles, mlen, 64, 1024, 1.0f, wv + (int64_t)e * 64 * tiles, 1, tiles,
+                                        t_d_conv_3_winograd + e * 4096 + m0 * 64, wm + (int64_t)e * tiles * 64, 64);
+                    /* A^T M A of each tile, over the channels */
+                    const int64_t plane = (int64_t)tiles * 64;
+                    for (int tr = 0; tr < trows; ++tr) {
+                        const int second_row = 2 * tr + 1 < plen / 56;
+                        for (int64_t tc = 0; tc < 28; ++tc) {
+                            const float* restrict m = wm + (tr * 28 + tc) * 64;
+                            float* restrict y0 = tile + ((int64_t)(2 * tr) * 56 + 2 * tc) * 64;
+                            float* restrict y1 = y0 + 3584;
+                            float a0[64], a1[64], b0[64], b1[64];
+                            for (int64_t mi = 0; mi < mlen; ++mi) {
+                                float s0[4], s1[4];
+                                for (int j = 0; j < 4; ++j) {
+                                    const float m1 = m[(4 + j) * plane + mi], m2 = m[(8 + j) * plane + mi];
+                                    s0[j] = m[j * plane + mi] + m1 + m2;
+                                    s1[j] = m1 - m2 - m[(12 + j) * plane + mi];
+                                }
+                                a0[mi] = s0[0] + s0[1] + s0[2];
+                                a1[mi] = s0[1] - s0[2] - s0[3];
+                                b0[mi] = s1[0] + s1[1] + s1[2];
+                                b1[mi] = s1[1] - s1[2] - s1[3];
+                            }
+                            /* the tile's positions inside the output: the last row or column of an odd size has one */
+                            for (int64_t mi = 0; mi < mlen; ++mi) y0[mi] = a0[mi];
+                            if (2 * tc + 1 < 56)
+                                for (int64_t mi = 0; mi < mlen; ++mi) y0[64 + mi] = a1[mi];
+                            if (second_row) {
+                                for (int64_t mi = 0; mi < mlen; ++mi) y1[mi] = b0[mi];
+                                if (2 * tc + 1 < 56)
+                                    for (int64_t mi = 0; mi < mlen; ++mi) y1[64 + mi] = b1[mi];
+                            }
+                        }
+                    }
+                }
                 /* the tile is [positions x channels]: turned channel-major, so that the epilogue reads and
                    writes rows of positions in order */
-                af_transpose(plen, mlen, tile, 64, c, 784);
+                af_transpose(plen, mlen, tile, 64, c, 224);
                 for (int64_t mi = 0; mi < mlen; ++mi) {
                     const int64_t i0 = n;
                     const int64_t i1 = gi * 64 + m0 + mi;
@@ -78,7 +121,7 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                         for (int64_t ow = 0; ow < 56; ++ow) {
                             const int64_t i3 = ow;
                             const float v5 = t_const_2[i1];
-                            const float v6 = c[mi * 784 + q * 56 + ow] + v5;
+                            const float v6 = c[mi * 224 + q * 56 + ow] + v5;
                             const float v7 = t_skip[i1 * 3136 + i2 * 56 + i3];
                             const float v8 = v6 + v7;
                             const float v9 = (v8 < 0.0f ? 0.0f : v8);
