@@ -10,7 +10,8 @@ PACKED_MIN_COLUMNS output channels per group are packed at build time and the ti
 transposed, [positions x channels] = cols^T @ W^T, by ``af_sgemm_packed``, then turned
 channel-major (``af_transpose``) for the epilogue. A weight given at run time (training; a
 gradient's Convs) can be packed into the same panels at the start of each call (``repack``, chosen
-by the tuner against OpenBLAS); other weights go to OpenBLAS's sgemm. 1-D and 3-D convolutions use the same code with unit leading
+by the tuner against OpenBLAS); other weights go to OpenBLAS's sgemm. A dense 3x3 convolution with
+stride 1 can compute its tile by Winograd F(2x2, 3x3) instead (codegen/winograd.py). 1-D and 3-D convolutions use the same code with unit leading
 spatial axes.
 
 A pooling op (MaxPool, AveragePool) after the convolution and its activation can be part of the

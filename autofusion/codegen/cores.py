@@ -1,8 +1,8 @@
 """Matrix-product cores: what each kernel multiplies, and how (which implementation, which blocking).
 
 Every MatMul/Gemm and Conv kernel computes its products through one *core*: ``af_sgemm_packed``
-(the weight packed at build time, one micro-kernel per instruction set, K in passes of ``kc`` rows)
-or OpenBLAS's sgemm. A :class:`CoreSpec` describes one distinct core (its shape and where the weight
+(the weight packed at build time, one micro-kernel per instruction set, K in passes of ``kc`` rows;
+for a 3x3 convolution possibly over Winograd-transformed tiles) or OpenBLAS's sgemm. A :class:`CoreSpec` describes one distinct core (its shape and where the weight
 comes from); a :class:`CoreChooser` decides a :class:`CoreChoice` for it. Codegen asks the chooser
 while it renders and records the answer in the kernel (``KernelSource.cores``), so a profile can
 name the variant each kernel ran.
