@@ -700,13 +700,14 @@ BATCH_CASES = {  # name: (x, w, attrs, impl, pooling op after Relu or "", weight
     "stem_maxpool": ((None, 3, 40, 40), (40, 3, 7, 7), dict(pads=(3, 3, 3, 3), strides=(2, 2)), "taps", "MaxPool",
                      False),
     "avgpool": ((None, 4, 17, 17), (24, 4, 3, 3), dict(pads=(1, 1, 1, 1)), "packed", "AveragePool", False),
+    "winograd": ((None, 12, 11, 10), (40, 12, 3, 3), dict(pads=(1, 1, 1, 1)), "winograd", "", False),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BATCH_CASES))
 def test_convolutions_take_their_batch_at_run_time(case: str) -> None:
     """One library over a symbolic batch, each kind of convolution kernel (taps, packed, OpenBLAS,
-    the input as the matrix, depthwise, a weight packed per call, a pooling epilogue), run at
+    the input as the matrix, depthwise, a weight packed per call, a pooling epilogue, Winograd), run at
     batch 1, 2 and 5 against the reference of each binding."""
     from autofusion.codegen.cores import CoreChoice, FixedChooser
     from autofusion.graph.dims import symbol
