@@ -34,29 +34,37 @@ AF_INTERNAL void k0_conv_add_relu(const float* restrict t_x, const float* restri
                     const int trows = (plen / 56 + 1) / 2, tiles = trows * 28;
                     float* restrict wv = (float*)block;
                     float* restrict wm = wv + (int64_t)1024 * tiles;
+                    static const float zero_row[56]; /* (zeros) the rows above and below the image */
                     for (int64_t ch = 0; ch < 64; ++ch) {
                         const float* restrict xc = xg + ch * 3136;
                         for (int tr = 0; tr < trows; ++tr) {
-                            /* the tile row's 4 input rows, zero-padded: column j is the image's j - 1 */
-                            float d[4][58];
+                            /* B^T over the tile row's 4 input rows, straight from the input (copied into a
+                               padded row first, its misaligned stores stalled the loads that followed: 12 % of
+                               ResNet's layer 1 under perf), then over the columns of each tile; column j is the
+                               image's j - 1, zero outside it */
+                            const float* rows[4];
                             for (int r = 0; r < 4; ++r) {
                                 const int64_t y = row0 + 2 * tr + r - 1;
-                                /* a row outside the image is all padding: an empty range, not a branch (as in im2col) */
-                                const int64_t inside = (y >= 0) & (y < 56);
-                                const int64_t lo = inside ? 1 : 58, hi = inside ? 57 : 58;
-                                const float* restrict src = xc + inside * y * 56;
-                                for (int64_t j = 0; j < lo; ++j) d[r][j] = 0.0f;
-                                for (int64_t j = lo; j < hi; ++j) d[r][j] = src[j - 1];
-                                for (int64_t j = hi; j < 58; ++j) d[r][j] = 0.0f;
+                                rows[r] = y >= 0 && y < 56 ? xc + y * 56 : zero_row;
+                                /* the next channel's row, a plane away: too short a stream for the hardware
+                                   prefetcher */
+                                if (ch + 1 < 64 && rows[r] != zero_row)
+                                    for (int64_t l = 0; l < 56; l += 16) __builtin_prefetch(rows[r] + 3136 + l);
                             }
-                            /* B^T over the rows, then over the columns of each tile */
+                            const float* restrict d0 = rows[0];
+                            const float* restrict d1 = rows[1];
+                            const float* restrict d2 = rows[2];
+                            const float* restrict d3 = rows[3];
                             float bt[4][58];
-                            for (int64_t j = 0; j < 58; ++j) {
-                                bt[0][j] = d[0][j] - d[2][j];
-                                bt[1][j] = d[1][j] + d[2][j];
-                                bt[2][j] = d[2][j] - d[1][j];
-                                bt[3][j] = d[1][j] - d[3][j];
+                            for (int64_t j = 0; j < 1; ++j) bt[0][j] = bt[1][j] = bt[2][j] = bt[3][j] = 0.0f;
+                            for (int64_t j = 1; j < 57; ++j) {
+                                const float a = d0[j - 1], b = d1[j - 1], c2 = d2[j - 1], e = d3[j - 1];
+                                bt[0][j] = a - c2;
+                                bt[1][j] = b + c2;
+                                bt[2][j] = c2 - b;
+                                bt[3][j] = b - e;
                             }
+                            for (int64_t j = 57; j < 58; ++j) bt[0][j] = bt[1][j] = bt[2][j] = bt[3][j] = 0.0f;
                             for (int i = 0; i < 4; ++i) {
                                 float* restrict v = wv + ((int64_t)(4 * i) * 64 + ch) * tiles + tr * 28;
                                 const float* restrict row = bt[i];
