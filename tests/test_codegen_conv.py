@@ -205,6 +205,7 @@ def test_a_max_pool_takes_the_activation_after_it_only_where_the_activation_rise
     code = check(g, {"x": f32(1, 4, 30, 30)})
     assert ("the activation after the max" in code) == after
     assert "the max-pool of the block, separably" in code
+    assert ("float* restrict tile_t" in code) == (not after)  # (no channel-major tile reserved where unused)
 
 
 def test_conv_pooling_falls_back_when_the_convolution_is_also_an_output() -> None:

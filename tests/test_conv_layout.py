@@ -78,6 +78,7 @@ def test_a_stage_output_into_strided_convolutions_is_handed_over_channels_last(r
     model = run_checked(plan, {"x": rng.standard_normal((2, 8, 27, 27)).astype(np.float32)})
     producer, entry, down = (k.code for k in model.source.kernels)
     assert ("af_transpose(" not in producer) == ("handed to the next convolution channels-last" in producer) == HANDED_OVER
+    assert ("float* restrict tile_t" not in producer) == HANDED_OVER  # (no channel-major tile reserved where unused)
     for consumer in (entry, down):  # both read the slab with each position's channels together
         assert ("channels innermost" in consumer) == (f", {position_pitch(24)}, mlen," in consumer) == HANDED_OVER
         assert "af_transpose(" in consumer  # their own outputs stay channel-major

@@ -112,6 +112,7 @@ class _Conv:
         self.non_core = self.members - {core.name}
         self.handlers = op_handlers(k.registry)
         self.y = core.outputs[0]  # the value the tiles compute (a folded BatchNormalization's output)
+        self.x_nhwc = core.inputs[0] in k.channels_last  # the input handed over [N, H, W, C] (conv_layout.py)
         self.folded = False  # a BatchNormalization folded into the weights
         self.k_pass = 0  # K rows per pass of the packed kernel (the core choice's)
         self.runtime_pack: dict[str, Any] | None = None  # a weight given at run time, packed per call
@@ -155,7 +156,7 @@ class _Conv:
         outputs = [] if only_into else list(self.k.group.outputs)
         pool = None if only_into else self._pooling(y, outputs)
         choice = self._choose(geo, weight, pool)
-        if self.core.inputs[0] in self.k.channels_last and (not geo["im2col"] or choice.impl == "depthwise"):
+        if self.x_nhwc and (not geo["im2col"] or choice.impl == "depthwise"):
             raise self.k.error("a channels-last input is read through a slab or im2col only (conv_layout.py hands "
                                "over inputs of strided, dense convolutions)", self.core)
         w_ptr = self._weight_pointer(geo, weight, choice)
@@ -232,7 +233,7 @@ class _Conv:
         winograd_ok = (packable and pool is None and geo["groups"] == 1 and geo["od"] == 1 and geo["kd"] == 1
                        and geo["pd"] == 0 and (geo["kh"], geo["kw"], geo["sh"], geo["sw"], geo["dh"], geo["dw"])
                        == (3, 3, 1, 1, 1, 1) and min(win.pad_begin + win.pad_end) >= 0
-                       and self.core.inputs[0] not in self.k.channels_last)
+                       and not self.x_nhwc)
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=xs_at[0] * geo["groups"],
                                       geometry=geometry, taps=direct_ok, depthwise=depthwise_ok,
                                       repackable=repackable, winograd=winograd_ok))
@@ -295,7 +296,7 @@ class _Conv:
         direct = None
         if choice.taps:  # each task's slab: its input rows, zero-padded and split by stride phase
             direct = tap_slab(geo["cg"], pb // ow, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]),
-                              (geo["dh"], geo["dw"]), self.core.inputs[0] in k.channels_last)
+                              (geo["dh"], geo["dw"]), self.x_nhwc)
         lost = [t for t in outputs if t in k.channels_last and t not in dict(aligned)]
         if lost:  # (conv_layout.py hands over only what the tile epilogue writes)
             raise k.error(f"{lost[0]!r} was to be written channels-last by the tile epilogue, which does not compute it",
@@ -305,7 +306,7 @@ class _Conv:
         positions_outer = packed and any(t in k.channels_last for t, _ in aligned)
         if packed:  # the product's tile is [positions x channels]; the epilogue reads it turned channel-major
             assert tiles_m == 1 or mb % PACK_NR == 0, (mg, mb)
-            c_ptr, ldc = "tile_t", pb
+            c_ptr, ldc = ("tile" if positions_outer else "tile_t"), pb  # (read as the product left it: no tile_t)
         elif ybuf:
             c_ptr, ldc = f"{ybuf} + (n * {geo['m']} + gi * {mg} + m0) * {p} + p0", p
         else:
@@ -334,7 +335,7 @@ class _Conv:
             col_floats = ((0 if shared_slab is not None else direct.slab_bytes) + kc * 4) // 4
         if wino is not None:  # the task's transformed input and its 16 products take it
             col_floats = TRANSFORMED * wino.tiles * (geo["cg"] + mb)
-        col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 2 if packed else 1)  # (and tile_t)
+        col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 2 if c_ptr == "tile_t" else 1)  # (and tile_t)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
         how = ("Winograd F(2x2, 3x3)" if wino else "taps read in place" if direct
                else "im2col " + ("yes" if im2col else "no"))
@@ -347,9 +348,9 @@ class _Conv:
             parallel=parallel, shared_col=shared_col, shared_slab=shared_slab, tile_floats=tile_floats,
             col_bytes=col_bytes,
             tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
-            x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, ldc=ldc, w_ptr=w_ptr,
+            x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, tile_t=c_ptr == "tile_t", ldc=ldc, w_ptr=w_ptr,
             body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None, runtime_pack=self.runtime_pack,
-            positions_outer=positions_outer, x_nhwc=self.core.inputs[0] in k.channels_last,
+            positions_outer=positions_outer, x_nhwc=self.x_nhwc,
             **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
 
     def _place_outputs(self, outputs: list[str], only_into: str, through_tile: bool
@@ -493,9 +494,10 @@ class _Conv:
         col_floats = geo["kc"] * pb if geo["im2col"] else 0
         if choice.taps:  # the block's input rows, read in place (see _render_tiles)
             direct = tap_slab(geo["cg"], rows, ow, (geo["kh"], geo["kw"]), (geo["sh"], geo["sw"]), (geo["dh"], geo["dw"]),
-                              self.core.inputs[0] in k.channels_last)
+                              self.x_nhwc)
             col_floats = (direct.slab_bytes + geo["kc"] * 4) // 4
-        col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 3 if packed else 2)  # tile, pin (and tile_t)
+        c_ptr = ("pinw" if separable and "post" in separable else "tile_t") if packed else "tile"
+        col_bytes, tile_bytes = _blocks(k, col_floats, mb * pb, 3 if c_ptr == "tile_t" else 2)  # tile, pin (and tile_t)
         how = "taps read in place" if direct else "im2col " + ("yes" if geo["im2col"] else "no")
         return k.templates.render(
             "conv_epilogue.c.j2", k_pass=self.k_pass, direct=direct, depthwise=False, runtime_pack=None, winograd=None,
@@ -506,13 +508,13 @@ class _Conv:
             shared_slab=None,
             tile_floats=mb * pb, col_bytes=col_bytes, tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * geo["kc"],
             batch=geo["n_img"], tiles_m=tiles_m, tiles_p=-(-chunks // per), mb=mb, pb=pb,
-            c_ptr=("pinw" if separable and "post" in separable else "tile_t") if packed else "tile",
+            c_ptr=c_ptr, tile_t=c_ptr == "tile_t",
             ldc=ldc, channels_out=geo["m"],
             w_ptr=w_ptr, x_ptr=x_ptr, body=prepass.lines, row_lines=["const int64_t i2 = srow;", "(void)i2;"],
             col_lines=["const int64_t i3 = ow;", "(void)i3;"],
             pool=dict(rows=prb, out_rows=poh, out_cols=ps[3], stride=stride, pad=pad, reach=reach, body=body.lines,
                       chunks=chunks, per=per, separable=separable),
-            positions_outer=False, x_nhwc=self.core.inputs[0] in k.channels_last,
+            positions_outer=False, x_nhwc=self.x_nhwc,
             **{key: geo[key] for key in _TEMPLATE_GEOMETRY})
 
     def _rising_path(self, y: str, tensor: str) -> bool:
