@@ -21,7 +21,7 @@ from autofusion.codegen.cores import (
     Machine,
     requested_isa,
 )
-from autofusion.codegen.winograd import G, winograd_blocks, winograd_weights
+from autofusion.codegen.winograd import MAX_WIDTH, G, winograd_blocks, winograd_weights
 from autofusion.decide import build_groups
 from autofusion.decide.plan import ZERO_COST, Plan
 from autofusion.ir import Graph, GraphBuilder, run_graph
@@ -156,19 +156,22 @@ def test_a_kernel_of_two_convolutions_computes_both_by_winograd(rng: np.random.G
 
 
 @pytest.mark.parametrize("geometry", [dict(strides=(2, 2)), dict(dilations=(2, 2)), dict(group=2),
-                                      dict(kernel=(5, 5)), dict(kernel=(3, 1)), dict(pool=True)],
-                         ids=["strided", "dilated", "grouped", "5x5", "3x1", "pooled"])
+                                      dict(kernel=(5, 5)), dict(kernel=(3, 1)), dict(pool=True),
+                                      dict(width=MAX_WIDTH + 1)],
+                         ids=["strided", "dilated", "grouped", "5x5", "3x1", "pooled", "too-wide"])
 def test_convolutions_winograd_cannot_take_keep_another_core(rng: np.random.Generator, geometry: dict) -> None:
     """The core is for dense 3x3 convolutions with stride and dilation 1 and no pooling epilogue:
     asked for it, the others get the taps form (or im2col) and still match the reference."""
     kernel = geometry.pop("kernel", (3, 3))
     pool = geometry.pop("pool", False)
+    width = geometry.pop("width", 15)  # (the transformed rows live on each thread's stack)
     group = geometry.get("group", 1)
+    shape = (1, 16, 15 if width == 15 else 2, width)
     b = GraphBuilder("not_winograd")
-    x = b.input("x", (1, 16, 15, 15))
+    x = b.input("x", shape)
     c = b.op("Relu", b.op("Conv", x, b.const(weight(rng, 32, 16 // group, *kernel)), pads=(1, 1, 1, 1), **geometry))
     g = b.build([b.op("MaxPool", c, kernel_shape=(2, 2), strides=(2, 2)) if pool else c])
-    model = run_checked(one_kernel(g), {"x": rng.standard_normal((1, 16, 15, 15)).astype(np.float32)})
+    model = run_checked(one_kernel(g), {"x": rng.standard_normal(shape).astype(np.float32)})
     (spec, choice), = model.source.kernels[0].cores
     assert not spec.winograd and choice.impl != "winograd" and "Winograd" not in code_of(model)
 

@@ -41,6 +41,7 @@ from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
 from autofusion.codegen.sizes import TYPICAL_IMAGES, at_least, hint, typical
 from autofusion.codegen.views import strided_view
+from autofusion.codegen.winograd import MAX_WIDTH as WINOGRAD_MAX_WIDTH
 from autofusion.codegen.winograd import TRANSFORMED, winograd_blocks, winograd_weights
 from autofusion.graph.graph import Node
 from autofusion.graph.types import DType
@@ -233,7 +234,7 @@ class _Conv:
         winograd_ok = (packable and pool is None and geo["groups"] == 1 and geo["od"] == 1 and geo["kd"] == 1
                        and geo["pd"] == 0 and (geo["kh"], geo["kw"], geo["sh"], geo["sw"], geo["dh"], geo["dw"])
                        == (3, 3, 1, 1, 1, 1) and min(win.pad_begin + win.pad_end) >= 0
-                       and not self.x_nhwc)
+                       and geo["ow"] <= WINOGRAD_MAX_WIDTH and not self.x_nhwc)
         choice = self.k.core(CoreSpec("conv", geo["p"], mg, geo["kc"], packable, calls=xs_at[0] * geo["groups"],
                                       geometry=geometry, taps=direct_ok, depthwise=depthwise_ok,
                                       repackable=repackable, winograd=winograd_ok))

@@ -23,6 +23,9 @@ import numpy as np
 
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 TRANSFORMED = 16  # elements of a tile's transform: one matrix product each
+# the widest output row the core takes: each thread keeps a tile row's transformed input rows on its
+# stack (4 x (width + 2) floats, 64 KiB here), which must stay far below a thread's stack
+MAX_WIDTH = 4096
 # a task's transformed input and products together take at most this share of L2, where the 16
 # products read them back
 L2_SHARE = 4
