@@ -252,15 +252,13 @@ class _Conv:
             self.runtime_pack.update(source=self._buffer(core.inputs[1]), offset=offset,
                                      panels=-(-mg // PACK_NR))
             return "wpack"
-        if choice.impl == "winograd":  # U = G W G^T: 16 matrices [C x M], each packed into column panels
-            cols = slice_cols(self.k)
-            self.packed_check = packed_for(cols)
-            u = winograd_weights(np.asarray(weight, np.float32))
-            return self.k.derived_constant(f"{core.name}_winograd", np.concatenate(
-                [pack_weights(u[i, j].T, cols) for i in range(4) for j in range(4)]))
         if choice.packed:  # each group's W^T [C/g * taps, M/g] packed into column panels: tiles compute out^T
             cols = slice_cols(self.k)
             self.packed_check = packed_for(cols)
+            if choice.impl == "winograd":  # U = G W G^T: 16 matrices [C x M], each packed so
+                u = winograd_weights(np.asarray(weight, np.float32))
+                return self.k.derived_constant(f"{core.name}_winograd", np.concatenate(
+                    [pack_weights(u[i, j].T, cols) for i in range(4) for j in range(4)]))
             return self.k.derived_constant(f"{core.name}_packed", np.concatenate(
                 [pack_weights(wg.reshape(mg, kc).T, cols) for wg in np.split(np.asarray(weight), geo["groups"])]))
         if self.folded and weight is not None:  # the folded weights, as sgemm reads them
@@ -338,17 +336,18 @@ class _Conv:
             col_floats = TRANSFORMED * wino.tiles * (geo["cg"] + mb)
         col_bytes, tile_bytes = _blocks(k, col_floats, tile_floats, 2 if c_ptr == "tile_t" else 1)  # (and tile_t)
         ops = " -> ".join(g.node_by_name[nm].op for nm in k.group.nodes)
+        panel_cols = -(-mg // PACK_NR) * PACK_NR  # a group's packed weight columns (padded to whole panels)
         how = ("Winograd F(2x2, 3x3)" if wino else "taps read in place" if direct
                else "im2col " + ("yes" if im2col else "no"))
         return k.templates.render(
             "conv_epilogue.c.j2", k_pass=self.k_pass, winograd=wino,
-            u_size=-(-mg // PACK_NR) * PACK_NR * geo["cg"],
+            u_size=panel_cols * geo["cg"],
             comment=c_comment_text(f"Conv {self.core.name}: {list(geo['xs'])} * {list(geo['ws'])} -> {list(ys)}, "
                                    f"group {geo['groups']}, {how}; epilogue per tile: {ops}"),
             direct=direct, depthwise=depthwise, prologue=self.prologue, epilogue=self.epilogue,
             parallel=parallel, shared_col=shared_col, shared_slab=shared_slab, tile_floats=tile_floats,
             col_bytes=col_bytes,
-            tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=-(-mg // PACK_NR) * PACK_NR * kc, batch=geo["n_img"],
+            tile_bytes=tile_bytes, packed=packed, packed_check=self.packed_check, w_group=panel_cols * kc, batch=geo["n_img"],
             x_ptr=x_ptr, tiles_m=tiles_m, tiles_p=tiles_p, mb=mb, pb=pb, c_ptr=c_ptr, tile_t=c_ptr == "tile_t", ldc=ldc, w_ptr=w_ptr,
             body=body.lines, row_lines=row_lines, col_lines=col_lines, pool=None, runtime_pack=self.runtime_pack,
             positions_outer=positions_outer, x_nhwc=self.x_nhwc,

@@ -272,7 +272,7 @@ class DefaultChooser:
             return CoreChoice("depthwise")
         if core.repackable:
             return CoreChoice("repack", self.machine.kc_for(core))
-        if core.winograd and winograd_by_default(core):
+        if winograd_by_default(core):
             return CoreChoice("winograd", self.machine.kc_for(core))
         if self.machine.takes_wide(core) and wide_by_default(core, self.machine):
             return CoreChoice("packed", self.machine.kc_for(core, wide=True), wide=True)
