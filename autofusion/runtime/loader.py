@@ -40,7 +40,21 @@ def load_library(path: Path) -> ctypes.CDLL:
 
 def pointer_array(arrays: Sequence[np.ndarray | None]) -> ctypes.Array[ctypes.c_void_p]:
     """A C array of the arrays' data pointers (kept alive by the caller)."""
-    return (ctypes.c_void_p * max(1, len(arrays)))(*[None if a is None else a.ctypes.data for a in arrays])
+    return (ctypes.c_void_p * max(1, len(arrays)))(*[None if a is None else data_address(a) for a in arrays])
+
+
+def data_addresses(arrays: Sequence[np.ndarray]) -> ctypes.Array[ctypes.c_void_p]:
+    """``pointer_array`` of arrays that are all there, in one pass (every call of a model makes two)."""
+    return (ctypes.c_void_p * max(1, len(arrays)))(*map(data_address, arrays))
+
+
+def data_address(array: np.ndarray) -> int:
+    """The address of a C-contiguous array's data. Through the buffer protocol where the array is
+    writable and not empty: a third of ``array.ctypes.data``'s time, which a small kernel's call feels."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):  # read-only, empty or strided: numpy's own way
+        return int(array.ctypes.data)
 
 
 class LibraryContext:
@@ -82,25 +96,38 @@ class WorkspacePool:
 
     @contextmanager
     def lease(self, nbytes: int | None = None) -> Iterator[np.ndarray]:
+        workspace = self.acquire(nbytes)
+        try:
+            yield workspace
+        finally:
+            self.release(workspace)
+
+    def acquire(self, nbytes: int | None = None) -> np.ndarray:
+        """A workspace of ``nbytes`` (the pool's size by default) for one call; the caller hands it
+        back with ``release`` (``lease`` does both around a block; a small kernel's call does them
+        itself, sparing the context manager's microsecond)."""
         need = self.nbytes if nbytes is None else max(64, nbytes)
         if self._slots is not None:
             self._slots.acquire()
         try:
             with self._lock:
                 workspace = self._take(need)
-            if workspace is None:
-                workspace = aligned_empty(need)  # allocated outside the lock: others need not wait
-            try:
-                yield workspace
-            finally:
-                with self._lock:
-                    self._free.append(workspace)
-        finally:
+            return aligned_empty(need) if workspace is None else workspace  # allocated outside the lock
+        except BaseException:
             if self._slots is not None:
                 self._slots.release()
+            raise
+
+    def release(self, workspace: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(workspace)
+        if self._slots is not None:
+            self._slots.release()
 
     def _take(self, need: int) -> np.ndarray | None:
         """The smallest free workspace of ``need`` bytes or more; None when a new one must be made."""
+        if len(self._free) == 1 and self._free[0].nbytes >= need:  # the common case, one call at a time
+            return self._free.pop()
         fits = [i for i, w in enumerate(self._free) if w.nbytes >= need]
         if fits:
             return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
@@ -109,6 +136,21 @@ class WorkspacePool:
         else:
             self.allocated += 1
         return None
+
+
+def ready_feeds(names: Sequence[str], feeds: Mapping[str, np.ndarray], shapes: Sequence[tuple[int, ...]],
+                dtypes: Sequence[np.dtype]) -> list[np.ndarray] | None:
+    """The feeds in ``names``' order where each is already a C-contiguous array of its shape and
+    dtype, as most calls give them; None sends the call through ``checked_feeds``, which converts
+    what it can and names what it cannot."""
+    out = []
+    for name, shape, dtype in zip(names, shapes, dtypes):
+        array = feeds.get(name)
+        if (type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype
+                or not array.flags.c_contiguous):
+            return None
+        out.append(array)
+    return out
 
 
 def checked_feeds(graph: Graph, feeds: Mapping[str, np.ndarray],

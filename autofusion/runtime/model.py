@@ -25,9 +25,11 @@ from autofusion.runtime.loader import (
     RunError,
     WorkspacePool,
     checked_feeds,
+    data_address,
+    data_addresses,
     default_threads,
     load_library,
-    pointer_array,
+    ready_feeds,
 )
 from autofusion.runtime.sanitize import refusal, sanitizer_loaded
 from autofusion.runtime.toolchain import CompileError, Toolchain, detect_toolchain
@@ -102,6 +104,7 @@ class CompiledModel:
         self.workspaces = WorkspacePool(self.source.buffers.workspace_bytes, max_concurrent)
         graph = plan.graph
         self._out_specs = [(o, graph.types[o].shape, graph.types[o].dtype.numpy) for o in graph.outputs]
+        self._in_dtypes = [np.dtype(graph.types[i].dtype.numpy) for i in graph.inputs]
         self._calls: OrderedDict[tuple[object, ...], _Call] = OrderedDict()  # by the feeds' shapes
         self._calls_lock = threading.Lock()
         self._static_call = None if self.symbols else _Call(
@@ -164,10 +167,12 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
         """Run the model on ``feeds``; RunError when a feed is missing or mistyped."""
         call = self._call(feeds)
-        arrays = checked_feeds(self.plan.graph, feeds, call.in_shapes)
-        inputs = [arrays[name] for name in self.plan.graph.inputs]
+        inputs = ready_feeds(self.plan.graph.inputs, feeds, call.in_shapes, self._in_dtypes)
+        if inputs is None:
+            arrays = checked_feeds(self.plan.graph, feeds, call.in_shapes)
+            inputs = [arrays[name] for name in self.plan.graph.inputs]
         outputs = [np.empty(shape, dtype) for shape, (_, _, dtype) in zip(call.out_shapes, self._out_specs)]
-        self._invoke(call, pointer_array(inputs), pointer_array(outputs), threads)
+        self._invoke(call, data_addresses(inputs), data_addresses(outputs), threads)
         result: dict[str, np.ndarray] = {}
         for (name, _, _), arr in zip(self._out_specs, outputs):
             result.setdefault(name, arr)
@@ -196,15 +201,16 @@ class CompiledModel:
                 threads: int | None) -> None:
         """One run of the library on a workspace of its own."""
         nt = default_threads(threads) if threads is not None else self.threads
-        with self.workspaces.lease(call.workspace_bytes) as workspace:
-            if call.sizes is None:
-                rc = self._lib.af_run(self._ctx, ctypes.cast(in_ptrs, ctypes.c_void_p),
-                                      ctypes.cast(out_ptrs, ctypes.c_void_p), workspace.ctypes.data, nt)
+        workspace = self.workspaces.acquire(call.workspace_bytes)
+        try:
+            if call.sizes is None:  # the pointer arrays pass as void pointers as they are (argtypes)
+                rc = self._lib.af_run(self._ctx, in_ptrs, out_ptrs, data_address(workspace), nt)
             else:
                 assert call.offsets is not None
-                rc = self._lib.af_run_placed(self._ctx, call.sizes.ctypes.data, call.offsets.ctypes.data,
-                                             ctypes.cast(in_ptrs, ctypes.c_void_p), ctypes.cast(out_ptrs, ctypes.c_void_p),
-                                             workspace.ctypes.data, nt)
+                rc = self._lib.af_run_placed(self._ctx, data_address(call.sizes), data_address(call.offsets),
+                                             in_ptrs, out_ptrs, data_address(workspace), nt)
+        finally:
+            self.workspaces.release(workspace)
         if rc != 0:
             raise RunError(f"af_run returned {rc}")
 
