@@ -14,6 +14,9 @@ A graph that needs gradients (training) goes through ``aot_autograd``: its forwa
 graphs, in aten ops with the parameters as inputs, are partitioned and compiled the same way
 (frontends/fx_aten.py spells the backward ops), and autograd runs the compiled backward.
 
+A graph Dynamo traced with symbolic sizes (it does so once an input's shape changes) is compiled
+for each call's sizes at the first call with them (:class:`PerSizeGraph`, frontends/fx_shapes.py).
+
 Each compile logs one line (logger ``autofusion.torch``, INFO; on stderr with ``AUTOFUSION_LOG=1``):
 how many ops went to autofusion in how many partitions, and which ops stayed eager and why.
 
@@ -27,7 +30,7 @@ import os
 import sys
 import threading
 import warnings
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -46,6 +49,7 @@ from autofusion.frontends.fx_import import (
     why_not_convertible,
 )
 from autofusion.frontends.fx_nodes import stored_order
+from autofusion.frontends.fx_shapes import has_symbolic_sizes, record_module_state, specialized
 from autofusion.runtime.loader import RunError
 
 _LOG = logging.getLogger("autofusion.torch")
@@ -244,9 +248,13 @@ def _training_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
 
 def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> Any:
     """``gm`` with its maximal runs of convertible nodes compiled as SuperKernels, or its own
-    ``forward`` when none can be."""
+    ``forward`` when none can be; a graph traced with symbolic sizes is compiled per call's sizes
+    (:class:`PerSizeGraph`)."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
+
+    if has_symbolic_sizes(gm, example_inputs):
+        return PerSizeGraph(gm, label)
 
     class _Support(OperatorSupportBase):
         def is_node_supported(self, submodules: Any, node: Any) -> bool:
@@ -283,6 +291,59 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
         _install(fused, node, runner)
         compiled_any = True
     return fused if compiled_any else gm.forward
+
+
+class PerSizeGraph:
+    """A graph Dynamo traced with symbolic sizes (it does so once an input's shape changes), compiled
+    for each call's sizes at the first call with them: the SuperKernels take static shapes. The
+    graphs of the last MAX_SIZES sizes are kept; a graph that cannot be made static for a call's
+    sizes runs eagerly at them. One compile at a time: concurrent first calls wait for it."""
+
+    MAX_SIZES = 16
+
+    def __init__(self, gm: Any, label: str = "") -> None:
+        record_module_state(gm)
+        self.gm = gm
+        self.label = label
+        self._compiled: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        key = sizes_key(args)
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                compiled = self._compile(args)
+                self._compiled[key] = compiled
+                while len(self._compiled) > self.MAX_SIZES:
+                    self._compiled.popitem(last=False)
+            else:
+                self._compiled.move_to_end(key)
+        return compiled(*args)
+
+    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
+        import torch
+
+        sizes = [str(a) for a in args if type(a) is int]  # the symbolic sizes' values, where Dynamo passes them
+        sizes = sizes or [str(list(a.shape)) for a in args if isinstance(a, torch.Tensor)
+                          and not isinstance(a, torch.nn.Parameter)]
+        _log(f"autofusion: the {self.label + ' ' if self.label else ''}graph has symbolic sizes: "
+             f"compiling it for this call's ({', '.join(sizes)})")
+        try:
+            static = specialized(self.gm, args)
+        except Exception as exc:  # noqa: BLE001 (torch's shape propagation may raise anything)
+            warnings.warn(f"autofusion: the graph runs eagerly at these sizes: its sizes could not be made "
+                          f"static ({type(exc).__name__}: {exc})", AutofusionFallbackWarning, stacklevel=3)
+            return self.gm.forward  # type: ignore[no-any-return]
+        return compile_graph(static, args, self.label)  # type: ignore[no-any-return]
+
+
+def sizes_key(args: Sequence[Any]) -> tuple[Any, ...]:
+    """What a static graph for ``args`` depends on: each tensor's shape, strides and dtype, each
+    other argument (an integer size) itself."""
+    import torch
+
+    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _assign_conv_gradients(gm: Any) -> None:

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from autofusion.torch_backend import AutofusionFallbackWarning, autofusion_backend  # noqa: E402
+from autofusion.torch_backend import AutofusionFallbackWarning, PerSizeGraph, autofusion_backend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-4, 1e-5
@@ -109,10 +109,76 @@ def test_cnn_matches_eager_also_after_a_shape_change():
     recorder = Recorder()
     compiled = torch.compile(model, backend=recorder)
     with torch.no_grad():
-        for batch in (2, 3):  # the second shape may recompile with symbolic sizes: those parts run eagerly
+        for batch in (2, 3):  # the second shape recompiles with symbolic sizes: compiled per size
             x = torch.randn(batch, 3, 16, 16)
             torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
     assert recorder.compiled_partitions() >= 1
+    assert any(isinstance(r, PerSizeGraph) for r in recorder.results)
+
+
+class CountingRuns:
+    """Counts the compiled partitions' runs and compiles (monkeypatched into the backend)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import autofusion.torch_backend as backend
+
+        self.runs = self.compiles = 0
+        call, compile_partition = backend.AutofusionSubmodule.__call__, backend._compile_partition
+
+        def counted_call(runner, *args):
+            self.runs += 1
+            return call(runner, *args)
+
+        def counted_compile(*args, **kwargs):
+            self.compiles += 1
+            return compile_partition(*args, **kwargs)
+
+        monkeypatch.setattr(backend.AutofusionSubmodule, "__call__", counted_call)
+        monkeypatch.setattr(backend, "_compile_partition", counted_compile)
+
+
+def test_every_new_size_is_fused_and_a_size_seen_before_is_not_compiled_again(monkeypatch):
+    """Once a shape changes, Dynamo traces with symbolic sizes; the graph is compiled for each call's
+    sizes (PerSizeGraph), so every call runs SuperKernels, and a size seen before reuses its build."""
+    torch.manual_seed(4)
+    model = TransformerBlock().eval()
+    counter = CountingRuns(monkeypatch)
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionFallbackWarning)
+        # 8 compiles the static graph; 12 makes Dynamo trace a symbolic one, compiled for 12, then
+        # for 5; 12 again reuses its build; 8 is new to the symbolic graph
+        for i, (seq, compiles) in enumerate(((8, True), (12, True), (5, True), (12, False), (8, True))):
+            x = torch.randn(2, seq, 16)
+            runs, before = counter.runs, counter.compiles
+            torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+            assert counter.runs > runs, f"call {i} (seq {seq}) ran no SuperKernel"
+            assert (counter.compiles > before) == compiles, f"call {i} (seq {seq})"
+    per_size = [r for r in recorder.results if isinstance(r, PerSizeGraph)]
+    assert len(per_size) == 1
+    inputs = [next(k[0] for k in key if isinstance(k, tuple) and len(k[0]) == 3) for key in per_size[0]._compiled]
+    assert sorted(inputs) == [(2, 5, 16), (2, 8, 16), (2, 12, 16)]
+
+
+def test_per_size_graphs_keep_the_latest_sizes_and_fall_back_to_eager_where_sizes_stay_symbolic(monkeypatch):
+    import autofusion.torch_backend as backend
+
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()
+    recorder = Recorder()
+    monkeypatch.setattr(PerSizeGraph, "MAX_SIZES", 2)
+    compiled = torch.compile(model, backend=recorder)
+    with torch.no_grad():
+        for rows in (2, 3, 4, 5):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+        per_size = next(r for r in recorder.results if isinstance(r, PerSizeGraph))
+        assert len(per_size._compiled) == 2  # the two latest sizes
+        monkeypatch.setattr(backend, "specialized", lambda gm, args: (_ for _ in ()).throw(RuntimeError("no")))
+        with pytest.warns(AutofusionFallbackWarning, match="runs eagerly at these sizes.*RuntimeError: no"):
+            x = torch.randn(6, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
 
 
 class WithUnsupported(nn.Module):

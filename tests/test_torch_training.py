@@ -460,3 +460,40 @@ def test_views_of_inputs_stay_torchs_and_a_transposed_one_is_read_in_place(monke
     torch.testing.assert_close(out, torch.relu(x @ w.t()))
     assert saved.data_ptr() == w.data_ptr() and saved.stride() == (1, 8)  # torch's view, no copy
     assert len(addresses_seen) == 1 and w.data_ptr() in addresses_seen[0]
+
+
+@pytest.mark.parametrize("name", ["encoder", "cnn"])
+def test_training_with_a_batch_size_that_changes_stays_compiled_and_matches_eager(name: str, monkeypatch: Any) -> None:
+    """A batch (and for the CNN an image size) that changes between steps makes Dynamo trace symbolic
+    forward and backward graphs; each is compiled per step's sizes, so every step runs SuperKernels,
+    and the losses and parameters stay eager's."""
+    import copy
+
+    import autofusion.torch_backend as backend
+
+    runs = []
+    call = backend.AutofusionSubmodule.__call__
+    monkeypatch.setattr(backend.AutofusionSubmodule, "__call__", lambda runner, *a: runs.append(1) or call(runner, *a))
+    torch.manual_seed(6)
+    model = transformer_encoder(d=32, heads=4, layers=1, outputs=4) if name == "encoder" else small_cnn(width=8)
+    ours, twin = copy.deepcopy(model), copy.deepcopy(model)
+    step = torch.compile(ours, backend="autofusion")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ours, twin)]
+    sizes = ((2, 8), (3, 8), (2, 12), (3, 8)) if name == "cnn" else ((2, 8), (3, 8), (2, 5), (3, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionFallbackWarning)
+        for batch, size in sizes:
+            data = ((torch.randn(batch, size, 32), torch.randn(batch, size, 4)) if name == "encoder" else
+                    (torch.randn(batch, 3, size, size), torch.randn(batch, 4)))
+            before = len(runs)
+            losses = []
+            for model_, opt in zip((step, twin), opts):
+                opt.zero_grad()
+                loss = model_(*data)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.item()))
+            assert len(runs) >= before + 2, f"batch {batch}, size {size}: forward and backward ran no SuperKernel"
+            np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
+    for (pname, p), q in zip(ours.named_parameters(), twin.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-6, err_msg=pname)

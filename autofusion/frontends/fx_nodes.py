@@ -74,10 +74,16 @@ def stored_order(value: Any) -> tuple[int, ...] | None:
     return order if value.permute(order).is_contiguous() else None
 
 
+# a placeholder's module-state flag, recorded while Dynamo's graph argument says it (fx_shapes.py)
+MODULE_STATE = "_autofusion_module_state"
+
+
 def is_module_state(node: Any) -> bool:
     """Whether a placeholder carries module state (a parameter or buffer) that may be frozen."""
     import torch
 
+    if MODULE_STATE in node.meta:
+        return bool(node.meta[MODULE_STATE])
     if isinstance(example_value(node), torch.nn.Parameter):
         return True
     grapharg = node.meta.get("grapharg")
