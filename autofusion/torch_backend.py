@@ -299,7 +299,7 @@ class PerSizeGraph:
     graphs of the last MAX_SIZES sizes are kept; a graph that cannot be made static for a call's
     sizes runs eagerly at them. One compile at a time: concurrent first calls wait for it."""
 
-    MAX_SIZES = 16
+    MAX_SIZES = 8  # as many as Dynamo recompiles a frame by default: each holds its own packed weights
 
     def __init__(self, gm: Any, label: str = "") -> None:
         record_module_state(gm)
