@@ -48,7 +48,7 @@ from autofusion.frontends.fx_import import (
     target_key,
     why_not_convertible,
 )
-from autofusion.frontends.fx_nodes import stored_order
+from autofusion.frontends.fx_nodes import MODULE_STATE, stored_order
 from autofusion.frontends.fx_shapes import has_symbolic_sizes, record_module_state, specialized
 from autofusion.runtime.loader import RunError
 
@@ -305,11 +305,14 @@ class PerSizeGraph:
         record_module_state(gm)
         self.gm = gm
         self.label = label
+        # the arguments a call's sizes show in: not module state, whose shapes Dynamo guards itself
+        self._sized = tuple(i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
+                            if not node.meta[MODULE_STATE])
         self._compiled: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
-        key = sizes_key(args)
+        key = sizes_key([args[i] for i in self._sized])
         with self._lock:
             compiled = self._compiled.get(key)
             if compiled is None:
