@@ -161,6 +161,43 @@ def test_every_new_size_is_fused_and_a_size_seen_before_is_not_compiled_again(mo
     assert sorted(inputs) == [(2, 5, 16), (2, 8, 16), (2, 12, 16)]
 
 
+def test_sizes_first_called_from_several_threads_at_once_compile_once_each(monkeypatch):
+    """Eight threads call a graph traced with symbolic sizes at four sizes it has not seen, all at
+    once: each size compiles once (the others wait for it), and every result is eager's."""
+    import threading
+
+    torch.manual_seed(7)
+    model = TransformerBlock().eval()
+    counter = CountingRuns(monkeypatch)
+    compiled = torch.compile(model, backend="autofusion")
+    with torch.no_grad():
+        compiled(torch.randn(2, 8, 16))  # the static graph
+        before = counter.compiles
+        compiled(torch.randn(2, 9, 16))  # the symbolic one, compiled for 9
+        per_size = counter.compiles - before  # partitions compiled for one size
+        inputs = [torch.randn(2, seq, 16) for seq in (3, 5, 6, 7)]
+        expected = [model(x) for x in inputs]
+    before, start, problems = counter.compiles, threading.Barrier(8), []
+
+    def work(t: int) -> None:
+        start.wait()
+        for j in range(6):
+            i = (t + j) % len(inputs)
+            try:
+                with torch.no_grad():
+                    torch.testing.assert_close(compiled(inputs[i]), expected[i], rtol=RTOL, atol=ATOL)
+            except Exception as e:  # noqa: BLE001 - a failure is a finding
+                problems.append(f"thread {t} call {j}: {type(e).__name__}: {e}")
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert problems == []
+    assert per_size >= 1 and counter.compiles - before == 4 * per_size
+
+
 def test_per_size_graphs_keep_the_latest_sizes_and_fall_back_to_eager_where_sizes_stay_symbolic(monkeypatch):
     import autofusion.torch_backend as backend
 
