@@ -32,6 +32,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -249,7 +250,9 @@ class Tuner:
     def _measure(self, spec: CoreSpec) -> tuple[CoreChoice, dict[str, float]]:
         plan, feeds = core_plan(spec)
         options = candidates(spec, self.machine)
-        models = [self.build(plan, FixedChooser(c, self.machine)) for c in options]
+        # built side by side (the C compiles overlap), all before the first is timed
+        with ThreadPoolExecutor(max(1, min(len(options), os.cpu_count() or 1))) as pool:
+            models = list(pool.map(lambda c: self.build(plan, FixedChooser(c, self.machine)), options))
         runs = []
         for model in models:  # warm up; a sample repeats the core until it lasts SAMPLE_SECONDS
             model.run(feeds)
