@@ -67,3 +67,20 @@ def test_builder_rejects_bad_shapes() -> None:
     w = b.const(np.ones((7, 2), np.float32))
     with pytest.raises(ValueError, match="MatMul"):
         b.op("MatMul", x, w)
+
+
+def test_a_const_owns_its_values_and_takes_a_handed_over_array_without_a_copy() -> None:
+    from autofusion.graph.graph import handed_over
+
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    c = Const(values)
+    values[0, 0] = 99.0  # the caller's array: the constant kept a copy
+    assert c.array[0, 0] == 0.0 and not c.array.flags.writeable
+    with pytest.raises(ValueError):
+        c.array[0, 0] = 1.0
+    assert Const(c.array).array is c.array  # another constant's values are shared, not copied
+    fresh = handed_over(np.ascontiguousarray(values.T))
+    assert Const(fresh).array is fresh
+    view = values[:, :2]  # read-only but not owning its data: copied
+    view.flags.writeable = False
+    assert not np.shares_memory(Const(view).array, values)

@@ -36,7 +36,7 @@ from autofusion.frontends.fx_nodes import (
     static_tensor,
     target_key,
 )
-from autofusion.graph.graph import Graph
+from autofusion.graph.graph import Graph, handed_over
 from autofusion.graph.types import DType
 from autofusion.ir.builder import GraphBuilder
 
@@ -248,7 +248,7 @@ def _t(cv: Converter, node: Any) -> str:
 def _linear(cv: Converter, node: Any) -> str:
     x, weight, bias = node.args[0], arg(node, 1, "weight"), arg(node, 2, "bias")
     w_value = cv.const_value(weight)
-    w_t = cv.b.const(np.ascontiguousarray(w_value.T)) if w_value is not None else \
+    w_t = cv.b.const(handed_over(np.ascontiguousarray(w_value.T))) if w_value is not None else \
         cv.transpose(cv.tensor(weight), [1, 0])  # frozen weights are transposed once, here
     y = cv.b.op("MatMul", cv.tensor(x), w_t)
     return cv.b.op("Add", y, cv.tensor(bias)) if bias is not None else y
@@ -644,9 +644,9 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
                 raise FxConversionError(f"placeholder {node.name} is not a static float32, int64 or bool tensor")
             if frozen[position]:
                 torch_values[node] = value
-                array = value.detach().cpu().contiguous().numpy().copy()
-                env[node] = builder.const(array, name=_ir_name(node.name))
-                cv.consts[env[node]] = array
+                # the builder copies the tensor's memory once, into a constant of its own
+                env[node] = builder.const(value.detach().cpu().contiguous().numpy(), name=_ir_name(node.name))
+                cv.consts[env[node]] = builder.const_array(env[node])
             else:
                 order = orders[position] if orders else None
                 shape = tuple(value.shape) if order is None else tuple(value.shape[d] for d in order)
@@ -656,9 +656,8 @@ def convert_fx(gm: Any, placeholder_values: Sequence[Any], frozen: Sequence[bool
                     env[node] = builder.op("Transpose", env[node], perm=tuple(order.index(d) for d in range(len(order))))
         elif node.op in ("call_function", "call_method") and _computable(node, torch_values):
             torch_values[node] = _compute(node, torch_values)
-            array = torch_values[node].detach().cpu().contiguous().numpy().copy()
-            env[node] = builder.const(array)
-            cv.consts[env[node]] = array
+            env[node] = builder.const(torch_values[node].detach().cpu().contiguous().numpy())
+            cv.consts[env[node]] = builder.const_array(env[node])
         elif node.op == "output":
             results = node.args[0]
             results = results if isinstance(results, (tuple, list)) else (results,)

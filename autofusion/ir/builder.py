@@ -69,6 +69,10 @@ class GraphBuilder:
         self._types[name] = c.type
         return name
 
+    def const_array(self, name: str) -> np.ndarray:
+        """The value of constant ``name``: the builder's own read-only copy."""
+        return self._consts[name].array
+
     def op(self, op: str, *inputs: str, name: str | None = None, **attrs: Any) -> str:
         """Add one single-output op and return its output tensor's name."""
         return self.op_multi(op, list(inputs), 1, name=name, **attrs)[0]
