@@ -199,7 +199,8 @@ def _valid_entry(key: str, entry: Any) -> None:
 class Tuner:
     """A CoreChooser that answers from the store and measures the cores it has not seen.
 
-    ``build`` compiles a candidate (a one-op plan and a FixedChooser) into something to ``run``.
+    ``build`` compiles a candidate (a one-op plan and a FixedChooser) into something to ``run``; a
+    core's candidates are built on several threads at once.
 
     >>> # CompiledModel(plan, tune=True) makes one; CompiledModel(plan, cores=tuner) shares it
     """
