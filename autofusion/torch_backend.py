@@ -49,7 +49,7 @@ from autofusion.frontends.fx_import import (
     why_not_convertible,
 )
 from autofusion.frontends.fx_nodes import MODULE_STATE, stored_order
-from autofusion.frontends.fx_shapes import has_symbolic_sizes, record_module_state, specialized
+from autofusion.frontends.fx_shapes import has_symbolic_sizes, record_module_state, scalar_inputs, specialized
 from autofusion.runtime.loader import RunError
 
 _LOG = logging.getLogger("autofusion.torch")
@@ -308,11 +308,12 @@ class PerSizeGraph:
         # the arguments a call's sizes show in: not module state, whose shapes Dynamo guards itself
         self._sized = tuple(i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
                             if not node.meta[MODULE_STATE])
+        self._scalars = scalar_inputs(gm)  # inputs whose numbers a build holds as constants
         self._compiled: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
-        key = sizes_key([args[i] for i in self._sized])
+        key = sizes_key([args[i] for i in self._sized]) + tuple(args[i].item() for i in self._scalars)
         with self._lock:
             compiled = self._compiled.get(key)
             if compiled is None:

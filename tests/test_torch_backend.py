@@ -198,6 +198,34 @@ def test_sizes_first_called_from_several_threads_at_once_compile_once_each(monke
     assert per_size >= 1 and counter.compiles - before == 4 * per_size
 
 
+def test_dynamic_true_fuses_from_the_first_call_and_a_build_follows_numbers_read_from_inputs(monkeypatch):
+    """With ``dynamic=True`` the first graph is symbolic, and Dynamo passes a LayerNorm's eps as a
+    0-d tensor it reads with ``.item()``: a build holds the number as a constant, so the same sizes
+    with another eps are another build (called directly here: Dynamo itself also guards the value)."""
+    from autofusion.frontends.fx_shapes import scalar_inputs
+
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16)).eval()
+    counter = CountingRuns(monkeypatch)
+    calls = []
+    call = PerSizeGraph.__call__
+    monkeypatch.setattr(PerSizeGraph, "__call__", lambda graph, *args: calls.append((graph, args)) or call(graph, *args))
+    compiled = torch.compile(model, backend="autofusion", dynamic=True)
+    x = torch.randn(5, 8)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionFallbackWarning)
+        torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+        assert counter.runs == 1 and len(calls) == 1  # the symbolic graph, fused at the first call
+        graph, args = calls[0]
+        (position,) = scalar_inputs(graph.gm)
+        again = list(args)
+        again[position] = torch.full_like(args[position], 0.5)  # (same shape and dtype)
+        model[2].eps = 0.5
+        (out,) = graph(*again)
+        torch.testing.assert_close(out, model(x), rtol=RTOL, atol=ATOL)
+        assert counter.runs == 2 and len(graph._compiled) == 2
+
+
 def test_per_size_graphs_keep_the_latest_sizes_and_fall_back_to_eager_where_sizes_stay_symbolic(monkeypatch):
     import autofusion.torch_backend as backend
 

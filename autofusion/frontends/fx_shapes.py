@@ -51,6 +51,7 @@ def specialized(gm: Any, args: Sequence[Any]) -> Any:
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # (node_copy copies each node's meta)
     copy = torch.fx.GraphModule(gm, graph)
+    _read_scalar_inputs(copy, args)
     with torch.no_grad():
         FakeTensorProp(copy, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
     for node in list(copy.graph.nodes):
@@ -65,6 +66,32 @@ def specialized(gm: Any, args: Sequence[Any]) -> Any:
                 copy.graph.erase_node(node)
     copy.recompile()
     return copy
+
+
+def scalar_inputs(gm: Any) -> tuple[int, ...]:
+    """The positions of the placeholders ``gm`` reads a number from (``.item()``): with
+    ``dynamic=True`` Dynamo passes a module's float attribute (a LayerNorm's eps) as a 0-d tensor.
+    A static graph holds their values as constants, so they are part of what it is built for."""
+    return tuple(sorted({i for i, _ in _item_reads(gm)}))
+
+
+def _item_reads(gm: Any) -> list[tuple[int, Any]]:
+    """(placeholder position, the node reading its number) for each ``.item()`` of an input."""
+    placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    reads = []
+    for node in gm.graph.nodes:
+        reads_item = (node.op == "call_method" and node.target == "item") or "_local_scalar_dense" in str(node.target)
+        source = node.args[0] if reads_item and node.args else None
+        if source in placeholders:
+            reads.append((placeholders[source], node))
+    return reads
+
+
+def _read_scalar_inputs(gm: Any, args: Sequence[Any]) -> None:
+    """Each ``.item()`` of an input replaced by its value in this call (fake tensors have none)."""
+    for position, node in _item_reads(gm):
+        _replace_by_constant(node, args[position].item())
+        gm.graph.erase_node(node)
 
 
 def _constant(value: Any) -> Any:
