@@ -179,9 +179,11 @@ def state_signature(tensors: Iterable[Any]) -> tuple[tuple[int, int], ...]:
 
 
 def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
-                       current: Sequence[Any] | None = None) -> AutofusionSubmodule:
+                       current: Sequence[Any] | None = None, per_size: bool = False) -> AutofusionSubmodule:
     """Convert, optimize and compile one fused partition; raises on anything unsupported.
-    ``current``: the partition's call arguments, whose frozen ones replace the compile-time values."""
+    ``current``: the partition's call arguments, whose frozen ones replace the compile-time values;
+    ``per_size``: a build for one size of a symbolic graph, whose products take the choices tuned at
+    nearby sizes where there are some (CompiledModel's ``tune_nearby``)."""
     from autofusion.api import optimize
     from autofusion.runtime import CompiledModel
 
@@ -209,14 +211,14 @@ def _compile_partition(sub_gm: Any, args: Sequence[Any], parent: Any, name: str,
     placeholders = [n.name for n in sub_gm.graph.nodes if n.op == "placeholder"]
     runtime = [(f"t_{p}", i) for i, p in enumerate(placeholders) if not frozen[i]]
     out_node = next(n for n in sub_gm.graph.nodes if n.op == "output")
-    model = CompiledModel(optimize(graph))
+    model = CompiledModel(optimize(graph), tune_nearby=per_size)
     state_positions = [i for i, f in enumerate(frozen) if f]
     return AutofusionSubmodule(model, [r[0] for r in runtime], [r[1] for r in runtime], results,
                                single_output=not isinstance(out_node.args[0], (tuple, list)),
                                input_orders=[orders[r[1]] for r in runtime],
                                state_positions=state_positions,
                                state=state_signature(values[i] for i in state_positions),
-                               rebuild=lambda now: _compile_partition(sub_gm, args, parent, name, now))
+                               rebuild=lambda now: _compile_partition(sub_gm, args, parent, name, now, per_size))
 
 
 def autofusion_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
@@ -246,10 +248,10 @@ def _training_backend(gm: Any, example_inputs: Sequence[Any]) -> Any:
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(gm, example_inputs)
 
 
-def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> Any:
+def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "", per_size: bool = False) -> Any:
     """``gm`` with its maximal runs of convertible nodes compiled as SuperKernels, or its own
     ``forward`` when none can be; a graph traced with symbolic sizes is compiled per call's sizes
-    (:class:`PerSizeGraph`)."""
+    (:class:`PerSizeGraph`, which passes ``per_size``: see :func:`_compile_partition`)."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -282,7 +284,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "") -> An
             continue
         sub_gm = module_attribute(fused, node.target)
         try:
-            runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target))
+            runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target), per_size=per_size)
         except _CONVERSION_ERRORS as exc:
             warnings.warn(f"autofusion: partition {node.target} runs eagerly ({type(exc).__name__}: {exc})",
                           AutofusionFallbackWarning, stacklevel=2)
@@ -339,7 +341,7 @@ class PerSizeGraph:
             warnings.warn(f"autofusion: the graph runs eagerly at these sizes: its sizes could not be made "
                           f"static ({type(exc).__name__}: {exc})", AutofusionFallbackWarning, stacklevel=3)
             return self.gm.forward  # type: ignore[no-any-return]
-        return compile_graph(static, args, self.label)  # type: ignore[no-any-return]
+        return compile_graph(static, args, self.label, per_size=True)  # type: ignore[no-any-return]
 
 
 def sizes_key(args: Sequence[Any]) -> tuple[Any, ...]:

@@ -226,6 +226,29 @@ def test_dynamic_true_fuses_from_the_first_call_and_a_build_follows_numbers_read
         assert counter.runs == 2 and len(graph._compiled) == 2
 
 
+def test_a_per_size_build_takes_the_choices_tuned_at_nearby_sizes(monkeypatch):
+    """The first graph's products are tuned at its sizes; a build for another size of the symbolic
+    graph asks the tuner for choices at nearby rows instead of measuring each size again."""
+    import autofusion.runtime as runtime
+
+    asked = []
+    init = runtime.CompiledModel.__init__
+
+    def recording_init(model, plan, *args, **kwargs):
+        asked.append(kwargs.get("tune_nearby", False))
+        init(model, plan, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.CompiledModel, "__init__", recording_init)
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()
+    compiled = torch.compile(model, backend="autofusion")
+    with torch.no_grad():
+        for rows in (4, 6):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+    assert asked[0] is False and asked[-1] is True
+
+
 def test_per_size_graphs_keep_the_latest_sizes_and_fall_back_to_eager_where_sizes_stay_symbolic(monkeypatch):
     import autofusion.torch_backend as backend
 

@@ -3,6 +3,7 @@ instruction sets chosen for the toolchain."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -717,3 +718,27 @@ def test_a_forced_instruction_set_needs_every_extension_its_march_uses(monkeypat
     assert not tc.runnable  # no BMI2: -march=haswell may emit it
     monkeypatch.setattr(toolchain, "cpu_flags", lambda: frozenset(toolchain.ISA_NEEDS["avx2"]))
     assert tc.runnable
+
+
+def test_a_product_at_nearby_rows_lends_its_choice_only_where_asked(tmp_path: Path) -> None:
+    """With ``nearby_rows`` a product not tuned at its rows takes the choice tuned for the same
+    product at the nearest rows within 2x, unmeasured; further rows, another product, a convolution
+    or a tuner without the option measure as before."""
+    fast = CoreChoice("packed", 256)
+    times = {c: 4e-4 for c in candidates(BIG, MACHINE)}
+    times[fast] = 1e-4
+    built: list[CoreChoice] = []
+    assert _tuner(tmp_path, times, built).choose(BIG) == fast  # tuned at BIG's rows
+    tc = detect_toolchain()
+    lent: list[CoreChoice] = []
+    nearby = Tuner(tc, CompileCache(tmp_path), threads=2, build=_fake_build(times, lent), machine=MACHINE,
+                   nearby_rows=True)
+    for rows in (BIG.m // 2 + 1, BIG.m * 2, BIG.m - 1):
+        assert nearby.choose(dataclasses.replace(BIG, m=rows)) == fast
+    assert lent == [] and nearby.tuned == 0
+    assert nearby.cached(dataclasses.replace(BIG, m=BIG.m * 2 + 1)) is None  # beyond 2x
+    assert nearby.cached(dataclasses.replace(BIG, m=BIG.m + 1, k=BIG.k + 64)) is None  # another product
+    assert _tuner(tmp_path, times, []).cached(dataclasses.replace(BIG, m=BIG.m + 1)) is None  # not asked
+    conv = CoreSpec("conv", 3136, 64, 576, packable=True, taps=True,
+                    geometry=((1, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (1,)))
+    assert nearby.store.nearby(conv, 2) is None

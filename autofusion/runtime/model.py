@@ -63,7 +63,8 @@ class CompiledModel:
 
     Matrix products run the core the tuner measured fastest on this machine for their shape
     (runtime/tuning.py, cached per machine); ``tune=False`` (or ``$AUTOFUSION_TUNE=0``) takes the
-    untuned default instead, deterministically; ``cores`` hands in a chooser of one's own.
+    untuned default instead, deterministically; ``cores`` hands in a chooser of one's own;
+    ``tune_nearby``: a product tuned at rows within 2x of its own takes that choice unmeasured.
 
     A plan over symbolic sizes (``optimize(load_onnx(path))`` of a model with dynamic axes) compiles
     into one library that serves every binding: ``run`` reads the sizes off the feeds (a shape that
@@ -77,13 +78,14 @@ class CompiledModel:
     def __init__(self, plan: Plan, threads: int | None = None, cache: CompileCache | str | Path | None = None,
                  toolchain: Toolchain | None = None, templates: TemplateSet | None = None,
                  profile: bool = False, tune: bool | None = None, cores: CoreChooser | None = None,
-                 progress: Progress | None = None, max_concurrent: int | None = None) -> None:
+                 progress: Progress | None = None, max_concurrent: int | None = None,
+                 tune_nearby: bool = False) -> None:
         self.plan = plan
         self.symbols = symbols_of(plan.graph)  # sizes each call passes, in af_run_sized's order
         self.threads = default_threads(threads)
         self.cache = cache if isinstance(cache, CompileCache) else CompileCache(cache)
         tc = runnable_toolchain(toolchain)
-        self.chooser = cores or core_chooser(tc, self.cache, self.threads, tune, progress)
+        self.chooser = cores or core_chooser(tc, self.cache, self.threads, tune, progress, tune_nearby)
         self.source: LibrarySource = render_tuned(
             self.chooser, lambda chooser: render_plan(plan, templates, profile=profile, chooser=chooser))
         self.library_path = compile_library(self.source, tc, self.cache)
@@ -280,8 +282,9 @@ def runnable_toolchain(toolchain: Toolchain | None) -> Toolchain:
 
 
 def core_chooser(toolchain: Toolchain, cache: CompileCache, threads: int, tune: bool | None = None,
-                 progress: Progress | None = None) -> CoreChooser:
-    """The tuner (``tune``, default ``$AUTOFUSION_TUNE`` or on) or the untuned default chooser."""
+                 progress: Progress | None = None, nearby: bool = False) -> CoreChooser:
+    """The tuner (``tune``, default ``$AUTOFUSION_TUNE`` or on) or the untuned default chooser;
+    ``nearby``: the tuner lends a product the choice tuned for it at nearby rows (Tuner.nearby_rows)."""
     machine = this_machine(toolchain.isa)
     if not (tune_by_default() if tune is None else tune):
         return DefaultChooser(machine)
@@ -289,7 +292,7 @@ def core_chooser(toolchain: Toolchain, cache: CompileCache, threads: int, tune: 
     def build(plan: Plan, chooser: CoreChooser) -> CompiledModel:
         return CompiledModel(plan, threads=threads, cache=cache, toolchain=toolchain, cores=chooser)
 
-    return Tuner(toolchain, cache, threads, build, machine, progress)
+    return Tuner(toolchain, cache, threads, build, machine, progress, nearby_rows=nearby)
 
 
 def library_machine(lib: ctypes.CDLL, expected: Machine) -> Machine:

@@ -24,6 +24,7 @@ at most each other's new entries, never see half a file.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -71,6 +72,7 @@ TUNE_MIN_FLOPS = 1 << 24  # smaller products take microseconds: the default is a
 MARGIN = 0.03  # a candidate replaces the default only when at least 3 % faster
 ROUNDS = 7  # timed samples per candidate, taken round-robin
 SAMPLE_SECONDS = 2e-3  # each sample repeats the core until it lasts about this long
+NEARBY_ROWS = 2.0  # a product tuned at rows within this factor lends its choice where asked (Tuner.nearby_rows)
 
 # (done, total, what): called before each core is tuned and once at the end
 Progress = Callable[[int, int, str], None]
@@ -151,6 +153,26 @@ class TuningStore:
             return None
         return CoreChoice(entry["impl"], entry["kc"], bool(entry.get("wide", False))).fitting(spec, self.machine)
 
+    def nearby(self, spec: CoreSpec, threads: int) -> CoreChoice | None:
+        """The choice stored for the same matrix product at the nearest row count within
+        NEARBY_ROWS times ``spec``'s, or None (a convolution's rows come with its geometry: none)."""
+        if spec.kind != "gemm":
+            return None
+        best: tuple[float, str] | None = None
+        for key in self.entries:
+            dims = key.split(":")[1].split("x") if key.count(":") >= 3 else []
+            if len(dims) != 4 or not dims[1].isdigit() or int(dims[1]) < 1:
+                continue
+            rows = int(dims[1])
+            ratio = max(rows, spec.m) / min(rows, spec.m)
+            if (ratio <= NEARBY_ROWS and (best is None or ratio < best[0])
+                    and key == self.entry_key(dataclasses.replace(spec, m=rows), threads)):
+                best = (ratio, key)
+        if best is None:
+            return None
+        entry = self.entries[best[1]]
+        return CoreChoice(entry["impl"], entry["kc"], bool(entry.get("wide", False))).fitting(spec, self.machine)
+
     def seconds(self, spec: CoreSpec, threads: int) -> float | None:
         """The fastest time measured for the core alone on ``threads`` (its chosen candidate's), or None."""
         entry = self.entries.get(self.entry_key(spec, threads))
@@ -207,8 +229,12 @@ class Tuner:
 
     def __init__(self, toolchain: Toolchain, cache: CompileCache, threads: int, build: Build,
                  machine: Machine | None = None, progress: Progress | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, nearby_rows: bool = False) -> None:
         self.build = build
+        # a product not tuned at its rows takes the choice of the same product tuned at the nearest
+        # rows (TuningStore.nearby) instead of being measured: one more size of a graph PyTorch traced
+        # with symbolic sizes, where measuring each size's products was half its compile
+        self.nearby_rows = nearby_rows
         self.clock = clock  # seconds, for the samples
         self.threads = threads
         self.machine = machine or this_machine(toolchain.isa)
@@ -221,13 +247,14 @@ class Tuner:
         """The stored choice, the default for a core with nothing to tune, else None."""
         if not tunable(spec):
             return self.default.choose(spec)
-        return self.store.get(spec, self.threads)
+        hit = self.store.get(spec, self.threads)
+        return self.store.nearby(spec, self.threads) if hit is None and self.nearby_rows else hit
 
     def choose(self, core: CoreSpec) -> CoreChoice:
         hit = self.cached(core)
         if hit is None:
             self.tune([core])
-            hit = self.store.get(core, self.threads)
+            hit = self.cached(core)
             assert hit is not None
         return hit
 
