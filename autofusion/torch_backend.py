@@ -298,8 +298,9 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "", per_s
 class PerSizeGraph:
     """A graph Dynamo traced with symbolic sizes (it does so once an input's shape changes), compiled
     for each call's sizes at the first call with them: the SuperKernels take static shapes. The
-    graphs of the last MAX_SIZES sizes are kept; a graph that cannot be made static for a call's
-    sizes runs eagerly at them. One compile at a time: concurrent first calls wait for it."""
+    graphs of the last MAX_SIZES sizes are kept; a graph that cannot be made static or compiled for
+    a call's sizes runs eagerly at them, with a warning. One compile at a time: concurrent first
+    calls wait for it."""
 
     MAX_SIZES = 8  # as many as Dynamo recompiles a frame by default: each holds its own packed weights
 
@@ -336,12 +337,12 @@ class PerSizeGraph:
         _log(f"autofusion: the {self.label + ' ' if self.label else ''}graph has symbolic sizes: "
              f"compiling it for this call's ({', '.join(sizes)})")
         try:
-            static = specialized(self.gm, args)
+            return compile_graph(specialized(self.gm, args), args, self.label,  # type: ignore[no-any-return]
+                                 per_size=True)
         except Exception as exc:  # noqa: BLE001 (torch's shape propagation may raise anything)
-            warnings.warn(f"autofusion: the graph runs eagerly at these sizes: its sizes could not be made "
-                          f"static ({type(exc).__name__}: {exc})", AutofusionFallbackWarning, stacklevel=3)
+            warnings.warn(f"autofusion: the graph runs eagerly at these sizes: it could not be compiled for "
+                          f"them ({type(exc).__name__}: {exc})", AutofusionFallbackWarning, stacklevel=3)
             return self.gm.forward  # type: ignore[no-any-return]
-        return compile_graph(static, args, self.label, per_size=True)  # type: ignore[no-any-return]
 
 
 def sizes_key(args: Sequence[Any]) -> tuple[Any, ...]:

@@ -264,7 +264,8 @@ def test_per_size_graphs_keep_the_latest_sizes_and_fall_back_to_eager_where_size
         per_size = next(r for r in recorder.results if isinstance(r, PerSizeGraph))
         assert len(per_size._compiled) == 2  # the two latest sizes
         monkeypatch.setattr(backend, "specialized", lambda gm, args: (_ for _ in ()).throw(RuntimeError("no")))
-        with pytest.warns(AutofusionFallbackWarning, match="runs eagerly at these sizes.*RuntimeError: no"):
+        with pytest.warns(AutofusionFallbackWarning, match="runs eagerly at these sizes: it could not be compiled "
+                                                           "for them .RuntimeError: no"):
             x = torch.randn(6, 8)
             torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
 
