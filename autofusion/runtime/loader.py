@@ -43,11 +43,6 @@ def pointer_array(arrays: Sequence[np.ndarray | None]) -> ctypes.Array[ctypes.c_
     return (ctypes.c_void_p * max(1, len(arrays)))(*[None if a is None else data_address(a) for a in arrays])
 
 
-def data_addresses(arrays: Sequence[np.ndarray]) -> ctypes.Array[ctypes.c_void_p]:
-    """``pointer_array`` of arrays that are all there, in one pass (every call of a model makes two)."""
-    return (ctypes.c_void_p * max(1, len(arrays)))(*map(data_address, arrays))
-
-
 def data_address(array: np.ndarray) -> int:
     """The address of a C-contiguous array's data. Through the buffer protocol where the array is
     writable and not empty: a third of ``array.ctypes.data``'s time, which a small kernel's call feels."""

@@ -26,9 +26,9 @@ from autofusion.runtime.loader import (
     WorkspacePool,
     checked_feeds,
     data_address,
-    data_addresses,
     default_threads,
     load_library,
+    pointer_array,
     ready_feeds,
 )
 from autofusion.runtime.sanitize import refusal, sanitizer_loaded
@@ -174,7 +174,7 @@ class CompiledModel:
             arrays = checked_feeds(self.plan.graph, feeds, call.in_shapes)
             inputs = [arrays[name] for name in self.plan.graph.inputs]
         outputs = [np.empty(shape, dtype) for shape, (_, _, dtype) in zip(call.out_shapes, self._out_specs)]
-        self._invoke(call, data_addresses(inputs), data_addresses(outputs), threads)
+        self._invoke(call, pointer_array(inputs), pointer_array(outputs), threads)
         result: dict[str, np.ndarray] = {}
         for (name, _, _), arr in zip(self._out_specs, outputs):
             result.setdefault(name, arr)
