@@ -161,10 +161,10 @@ def test_every_new_size_is_fused_and_a_size_seen_before_is_not_compiled_again(mo
     assert sorted(inputs) == [(2, 5, 16), (2, 8, 16), (2, 12, 16)]
 
 
-def test_sizes_first_called_from_several_threads_at_once_compile_once_each(monkeypatch):
+def test_sizes_first_called_from_several_threads_at_once_compile_once_each(monkeypatch, problems_from_threads):
     """Eight threads call a graph traced with symbolic sizes at four sizes it has not seen, all at
     once: each size compiles once (the others wait for it), and every result is eager's."""
-    import threading
+    import numpy as np
 
     torch.manual_seed(7)
     model = TransformerBlock().eval()
@@ -176,25 +176,15 @@ def test_sizes_first_called_from_several_threads_at_once_compile_once_each(monke
         compiled(torch.randn(2, 9, 16))  # the symbolic one, compiled for 9
         per_size = counter.compiles - before  # partitions compiled for one size
         inputs = [torch.randn(2, seq, 16) for seq in (3, 5, 6, 7)]
-        expected = [model(x) for x in inputs]
-    before, start, problems = counter.compiles, threading.Barrier(8), []
+        expected = [{"y": model(x).numpy()} for x in inputs]
+    before = counter.compiles
 
-    def work(t: int) -> None:
-        start.wait()
-        for j in range(6):
-            i = (t + j) % len(inputs)
-            try:
-                with torch.no_grad():
-                    torch.testing.assert_close(compiled(inputs[i]), expected[i], rtol=RTOL, atol=ATOL)
-            except Exception as e:  # noqa: BLE001 - a failure is a finding
-                problems.append(f"thread {t} call {j}: {type(e).__name__}: {e}")
+    def call(x):
+        with torch.no_grad():
+            return {"y": compiled(x).numpy()}
 
-    workers = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert problems == []
+    assert problems_from_threads(call, inputs, threads=8, calls=6, expected=expected,
+                                 same=lambda got, want: np.allclose(got, want, rtol=RTOL, atol=ATOL)) == []
     assert per_size >= 1 and counter.compiles - before == 4 * per_size
 
 
