@@ -29,6 +29,7 @@ from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
+from autofusion.codegen.scatter import landing, source_of
 from autofusion.codegen.sizes import TYPICAL_CALLS, TYPICAL_ROWS, all_of, at_least, ceil_div, hint, typical
 from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view
 from autofusion.graph.dims import is_static
@@ -121,6 +122,8 @@ class _Segment:
     flat: bool = False  # batch folded into M (B has no batch axes, A's rows are evenly strided)
     row_stride_a: int = 0
     targets: list[tuple[str, str]] = field(default_factory=list)
+    # (output, its pointer, the tile-aligned tensor it moves): stored where the moves put each element
+    scatters: list[tuple[str, str, str]] = field(default_factory=list)
     ybuf: str = ""  # full buffer holding Y (an output, or scratch when late outputs need it)
     weight: np.ndarray | None = None  # B as a constant [K, N] weight: packed into column panels at build time
     weight_label: str = ""
@@ -307,6 +310,8 @@ class _Gemm:
                 early.append((t, dest))
             elif len(owners) == 1 and self._aligned(owners[0], t):
                 owners[0].targets.append((t, dest))
+            elif len(owners) == 1 and (moved := self._scattered(owners[0], t)):
+                owners[0].scatters.append((t, dest, moved))
             else:
                 late.append((t, dest))
         late_needs = {s.node.name for s in segments for t, _ in late if self._depends_on(t, s.node.name, {})}
@@ -406,6 +411,15 @@ class _Gemm:
         self.k.per_thread((tile_floats + pack_floats + apack_floats) * 4)
         return {"tile_floats": tile_floats, "pack_floats": pack_floats, "apack_floats": apack_floats}
 
+    def _scattered(self, seg: _Segment, tensor: str) -> str:
+        """The tile-aligned tensor that ``tensor`` only moves (views, transposes, splits of it), whose
+        elements each tile stores where they land in ``tensor``; "" when there is none."""
+        source = source_of(self.g, self.members, tensor, self.k.registry)
+        if source == tensor or not self._aligned(seg, source):
+            return ""
+        land = landing(self.g, self.members, source, tensor, self.y_index(seg), self.k.registry)
+        return source if land is not None else ""
+
     def _aligned(self, seg: _Segment, tensor: str) -> bool:
         if self.g.types[tensor].shape != self.g.types[seg.y].shape:
             return False
@@ -484,7 +498,7 @@ class _Gemm:
         split, offset = parts is not None, 0
         part_data = []
         for part in parts or [seg]:
-            part_data.append(self._part(part, ldc, n_dim, offset, direct=not split and bool(seg.ybuf)))
+            part_data.extend(self._part(part, ldc, n_dim, offset, split, direct=not split and bool(seg.ybuf)))
             offset += part.n
         # which row and column block tile t is: a B packed per call changes with the column block, so
         # there the row blocks follow each other (columns first, a thread repacked on nearly every tile)
@@ -503,7 +517,7 @@ class _Gemm:
             "ta": "CblasTrans" if ta else "CblasNoTrans", "tb": "CblasTrans" if tb else "CblasNoTrans",
             "packed": packed, "packed_for": packed_for(width, seg.wide) if packed else "", "wide": seg.wide, "k_pass": kc, "a_rs": 1 if ta else lda, "a_ps": lda if ta else 1,
             "lda": lda, "ldb": ldb, "ldc": ldc, "a_ptr": a_ptr, "b_ptr": b_ptr, "c_ptr": c_ptr,
-            "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data, "split": split,
+            "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data,
             "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],
             "pack_floats": kk * -(-nb // PACK_NR) * PACK_NR if seg.repack else 0,
             "apack_ld": a_ld, "apack_floats": k_pass(hint(kk), kc) * a_ld if a_ld else 0,
@@ -547,8 +561,10 @@ class _Gemm:
         tb, _ = self._layout(seg, "b") or (True, 0)
         return typical(seg.rows, TYPICAL_ROWS) <= SMALL_ROWS and not ta and not tb
 
-    def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, direct: bool) -> dict[str, object]:
-        """The epilogue of ``seg`` on columns [offset, offset + N) of the tile."""
+    def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, clamp: bool,
+              direct: bool) -> list[dict[str, object]]:
+        """The epilogue of ``seg`` on columns [offset, offset + N) of the tile, then each output it
+        scatters on the columns that land in it (``clamp``: the tile's columns are cut to them)."""
         y_shape = self.g.types[seg.y].shape
         inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers, overrides=dict(self.loads))
         inl.overrides[seg.y] = self._tile_override(seg, ldc, inl)
@@ -561,7 +577,31 @@ class _Gemm:
             body.emit(f"{dest}[{ix.linear(idx, y_shape)}] = {v};")
         col = ix.sub("n0 + ni", offset) if offset else "n0 + ni"
         col_lines = [f"const int64_t i{n_dim} = {col};"] if n_dim is not None and y_shape[n_dim] != 1 else []
-        return {"lo": offset, "hi": offset + seg.n, "col_lines": col_lines, "body": body.lines}
+        parts: list[dict[str, object]] = [
+            {"lo": offset, "hi": offset + seg.n, "clamp": clamp, "col_lines": col_lines, "body": body.lines}]
+        for t, dest, source in seg.scatters:
+            land = landing(self.g, self.members, source, t, idx, self.k.registry)
+            assert land is not None  # (render checked it)
+            # a cut of the columns (a Split of the product's last axis) narrows the loop; others are tests
+            lo, hi = offset, offset + seg.n
+            tests: list[str] = []
+            for cut in land.cuts:
+                if n_dim is not None and cut.expr == f"i{n_dim}":
+                    lo, hi = max(lo, offset + cut.lo), min(hi, offset + cut.hi)
+                else:
+                    tests.extend(cut.conditions())
+            if lo >= hi:
+                continue
+            body = Block()
+            store = f"{dest}[{ix.linear(land.index, self.g.types[t].shape)}] = {inl.value(source, idx, body)};"
+            if tests:
+                inner = body.child()
+                inner.emit(store)
+                body.nest(f"if ({' && '.join(tests)}) {{", inner)
+            else:
+                body.emit(store)
+            parts.append({"lo": lo, "hi": hi, "clamp": True, "col_lines": col_lines, "body": body.lines})
+        return parts
 
     @staticmethod
     def _batch_offset(bvars: Index, batch: tuple[int, ...], view: StridedView) -> str:

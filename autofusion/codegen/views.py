@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from autofusion.codegen import index as ix
 from autofusion.graph.dims import Dim, compare
-from autofusion.graph.graph import Graph
+from autofusion.graph.graph import Graph, Node
 from autofusion.ops.registry import OpRegistry
 
 
@@ -67,14 +67,9 @@ def strided_view(graph: Graph, members: frozenset[str], tensor: str, pointer: Ca
         lead = len(shape) - len(src.shape)
         strides = tuple(0 if d < lead or src.shape[d - lead] == 1 else src.strides[d - lead] for d in range(len(shape)))
         return StridedView(src.ptr, shape, strides, src.offset)
-    from autofusion.ops.common import ref_input_or_attr
-    from autofusion.ops.reorganize import _slices
-
-    xs = [graph.const_value(t) if t else None for t in node.inputs]
-    args = [ref_input_or_attr(xs, node.attrs, i, n) for i, n in enumerate(("starts", "ends", "axes", "steps"), 1)]
-    if args[0] is None or args[1] is None:
+    slices = static_slices(graph, node)
+    if slices is None:
         return None
-    slices = _slices(src.shape, args[0], args[1], args[2], args[3])
     offset, steps = src.offset, []
     for n, st, sl in zip(src.shape, src.strides, slices):
         r = range(n)[sl]
@@ -82,6 +77,19 @@ def strided_view(graph: Graph, members: frozenset[str], tensor: str, pointer: Ca
             offset += r.start * st
         steps.append(st * r.step)
     return StridedView(src.ptr, shape, tuple(steps), offset)
+
+
+def static_slices(graph: Graph, node: Node) -> tuple[slice, ...] | None:
+    """What a Slice node keeps of each axis of its input, when its starts and ends are constants."""
+    from autofusion.ops.common import ref_input_or_attr
+    from autofusion.ops.reorganize import _slices
+
+    xs = [graph.const_value(t) if t else None for t in node.inputs]
+    starts, ends, axes, steps = (ref_input_or_attr(xs, node.attrs, i, n)
+                                 for i, n in enumerate(("starts", "ends", "axes", "steps"), 1))
+    if starts is None or ends is None:
+        return None
+    return _slices(graph.types[node.inputs[0]].shape, starts, ends, axes, steps)
 
 
 def blas_layout(rows: Dim, cols: Dim, row_stride: Dim, col_stride: Dim) -> tuple[bool, Dim] | None:

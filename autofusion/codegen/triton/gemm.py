@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from autofusion.codegen.names import NameTable, c_comment_text
+from autofusion.codegen.scatter import landing, source_of
 from autofusion.codegen.triton import tindex as ix
 from autofusion.codegen.triton.configs import tile_configs
 from autofusion.codegen.triton.exprs import Exprs
@@ -84,9 +85,25 @@ def _segment(ex: Exprs, names: NameTable, core: Node, outputs: list[str], bidx: 
             off = ix.add(base, f"rm[:, None] * {n} + rn[None, :]")  # every tile row, even when M is 1
             stores.append(f"tl.store({names(t)} + {off}, {ex.value(t, tile)}, mask=mask)")
         else:
-            stores.append(_broadcast_store(ex, names(t), t, tile, out_t.shape))
+            stores.append(_scatter_store(ex, names(t), t, tile, out_t.shape)
+                          or _broadcast_store(ex, names(t), t, tile, out_t.shape))
     return dict(summary=c_comment_text(f"{core.op} {core.name}: {list(out_t.shape)}, K={k}"), k=k, m=m, n=n,
                 k_lines=k_lines, a_val=a_val, b_val=b_val, body=ex.lines, stores=stores)
+
+
+def _scatter_store(ex: Exprs, pointer: str, tensor: str, tile: Index, gemm_shape: tuple[int, ...]) -> str:
+    """The store of an output that only moves a tensor of the GEMM's shape (heads split off a QKV
+    product, transposed): each tile element where it lands (codegen/scatter.py); "" for any other."""
+    g = ex.graph
+    members = frozenset(ex.group.nodes)
+    source = source_of(g, members, tensor, ex.registry)
+    if source == tensor or g.type_of(source).shape != gemm_shape:
+        return ""
+    land = landing(g, members, source, tensor, tile, ex.registry, reshape=ix.reshape)
+    if land is None:
+        return ""
+    mask = " & ".join(["mask", *(f"({c})" for c in land.conditions())])
+    return f"tl.store({pointer} + {ix.linear(land.index, g.type_of(tensor).shape)}, {ex.value(source, tile)}, mask={mask})"
 
 
 def _broadcast_store(ex: Exprs, pointer: str, tensor: str, tile: Index, gemm_shape: tuple[int, ...]) -> str:
