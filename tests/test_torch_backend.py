@@ -308,6 +308,26 @@ def test_graph_needing_gradients_compiles_forward_and_backward():
         torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL)
 
 
+def test_outputs_kept_from_earlier_calls_are_never_overwritten():
+    """A call's outputs take memory that earlier calls' outputs gave back (runtime/output_pool.py):
+    outputs still held, whole or through a view, keep theirs."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU())
+    compiled = torch.compile(copy.deepcopy(model), backend="autofusion")
+    xs = [torch.randn(32, 64) for _ in range(12)]
+    with torch.no_grad():
+        kept = [compiled(x) for x in xs[:3]]
+        view = compiled(xs[3])[5:9]  # only a view of this output is left
+        for x in xs[4:]:
+            compiled(x)  # results dropped: their memory goes back to the pool
+        addresses = {t.data_ptr() for t in kept} | {view.data_ptr()}
+        later = compiled(xs[0])
+        assert later.data_ptr() not in addresses
+        for x, out in zip(xs, kept):
+            torch.testing.assert_close(out, model(x), rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(view, model(xs[3])[5:9], rtol=RTOL, atol=ATOL)
+
+
 def test_graph_with_nothing_supported_is_left_to_eager():
     class OnlyUnsupported(nn.Module):
         def forward(self, x):
