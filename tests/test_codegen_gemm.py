@@ -284,13 +284,12 @@ PACKED_ENTRY = """void run(int m, int n, int k, int kc, float alpha, const float
 }"""
 
 
-# a transposed A (ars 1) copied a pass at a time, rows an odd number of cache lines apart (gemm.apack_ld)
+# a transposed A (ars 1) kept in panels by each pass's first slice ((kc + 16) x m floats: gemm.py)
 PACKED_AT_ENTRY = """void run(int m, int n, int k, int kc, float alpha, const float* a, int64_t ars,
                              int64_t aps, const float* w, float* c, int ldc) {
-    const int ld = ((m + 15) / 16 | 1) * 16;
-    float* apack = aligned_alloc(64, ((size_t)k * ld * sizeof(float) + 63) / 64 * 64);
+    float* apack = aligned_alloc(64, ((size_t)(k + 16) * m * sizeof(float) + 63) / 64 * 64);
     (void)ars;
-    af_sgemm_packed_at(m, n, k, kc, alpha, a, aps, w, c, ldc, apack, ld);
+    af_sgemm_packed_at(m, n, k, kc, alpha, a, aps, w, c, ldc, apack);
     free(apack);
 }"""
 
@@ -344,8 +343,8 @@ def test_every_packed_micro_kernel_on_edge_shapes(tmp_path, isa: str) -> None:
     """Each instruction set's af_sgemm_packed (12 x 32 AVX-512, 6 x 16 AVX2 and AVX, 6 x 8 portable),
     built for that ISA, against numpy: rows around every micro-kernel's row block (1, 5-7, 11-13,
     odd primes, a few hundred), columns around its slice and the 32-column panel, K around and
-    across the passes of kc, A plain and transposed (read in place, and copied a pass at a time by
-    af_sgemm_packed_at). A variant this CPU cannot run is compiled only."""
+    across the passes of kc, A plain and transposed (read in place, and kept in panels by each
+    pass's first slice, af_sgemm_packed_at). A variant this CPU cannot run is compiled only."""
     run = _packed_runner(tmp_path, isa)
     (tmp_path / "at").mkdir()
     run_at = _packed_runner(tmp_path / "at", isa, at=True)
@@ -448,10 +447,13 @@ def test_packed_blocks_load_each_vector_of_w_once_per_step(tmp_path, march: str)
     (tmp_path / "af_runtime.h").write_text(templates.runtime_header())
     # each row count over a whole slice, and over half a vector of columns (a product of so few, its
     # column count known to the compiler, kept its sums on the stack: 1.75x the time, 12 x [8 x 64] @ [64 x 8])
-    blocks = "".join(f"void block{r}{part}(int k, const float* a, const float* w, float* c) {{ if ({r} <= AF_PACK_MR) "
-                     f"af_packed_block({r}, AF_PACK_NV, k, 1, 1, 1.0f, a, 768, 1, 0, NULL, NULL, w, c, 3072, {cols}, "
-                     f"af_next_pass(w, 3072, k, AF_PACK_SLICE, 0, 0, k, k, 1, 4)); }}\n"
-                     for r in range(1, 13) for part, cols in (("", "AF_PACK_SLICE"), ("_part", "AF_VW / 2")))
+    # and each row count reading a transposed A in place while it keeps it (af_sgemm_packed_at's first slice)
+    blocks = "".join(f"void block{r}{part}(int k, const float* a, const float* w, float* c, float* keep) {{ if ({r} <= AF_PACK_MR) "
+                     f"af_packed_block({r}, AF_PACK_NV, k, 1, 1, 1.0f, a, {ars}, {aps}, 0, NULL, NULL, w, c, 3072, {cols}, "
+                     f"af_next_pass(w, 3072, k, AF_PACK_SLICE, 0, 0, k, k, 1, 4), {keeping}, keep); }}\n"
+                     for r in range(1, 13) for part, cols, ars, aps, keeping in (
+                         ("", "AF_PACK_SLICE", 768, 1, 0), ("_part", "AF_VW / 2", 768, 1, 0),
+                         ("_keep", "AF_PACK_SLICE", 1, 1024, 1)))
     src = tmp_path / "t.c"
     src.write_text('#include "af_runtime.h"\n#include <cblas.h>\n' + templates.render("af_sgemm.c.j2") + blocks)
     flags = [f for f in tc.cflags if not f.startswith("-march")]
@@ -466,7 +468,7 @@ def test_packed_blocks_load_each_vector_of_w_once_per_step(tmp_path, march: str)
     assembly = (tmp_path / "t.s").read_text()
     block_rows = 12 if "avx512" in march else 6  # AF_PACK_MR: the blocks beyond it are empty
     for r in range(1, 13):
-        for part in ("", "_part"):
+        for part in ("", "_part", "_keep"):
             body = assembly.split(f"\nblock{r}{part}:", 1)[1].split(".cfi_endproc", 1)[0]
             assert ("vfmadd" in body) == (r <= block_rows), f"block{r}{part} at -march={march}: FMAs where none belong, or none"
             assert not FMA_FROM_MEMORY.findall(body), f"{r}-row block{part} at -march={march}: an FMA reads memory"
@@ -726,10 +728,10 @@ def test_taps_kernel_cuts_rows_into_blocks_on_edge_widths(tmp_path, isa: str, ch
 
 
 @pytest.mark.parametrize("rows", [1024, 1000])
-def test_a_transposed_a_whose_rows_alias_in_l1_is_copied_per_pass(rows: int) -> None:
+def test_a_transposed_a_whose_rows_alias_in_l1_is_kept_in_panels(rows: int) -> None:
     """A weight gradient's X^T [K x 1,024]: its rows 4 KiB apart all fall in one set of L1, so each
-    pass is copied first (af_sgemm_packed_at, rows an odd number of cache lines apart); 1,000 rows
-    (4,000 bytes apart) are read in place. Both against the reference, with K in several passes."""
+    pass's first slice keeps them in panels the others read (af_sgemm_packed_at); 1,000 rows (4,000
+    bytes apart) are read in place. Both against the reference, with K in several passes."""
     b = GraphBuilder("at_b")
     a, w = b.input("a", (300, rows)), b.input("b", (300, 40))
     g = b.build([b.op("Relu", b.op("MatMul", b.op("Transpose", a, perm=(1, 0)), w))])

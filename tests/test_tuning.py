@@ -488,16 +488,17 @@ def test_a_convolution_with_its_weight_given_at_run_time_is_tuned_with_it_as_an_
     assert _tuner(tmp_path, times, built).choose(spec) == CoreChoice("blas") and len(built) == 3
 
 
-def test_a_transposed_a_takes_passes_whose_rows_fit_a_quarter_of_l2() -> None:
-    """A weight gradient's X^T is read a row of M floats per step of K: a pass of kc rows should take
-    at most a quarter of L2 (512 KiB of a 2 MiB L2 at M = 1024: 128 rows), never below KC_MIN."""
+def test_a_transposed_a_takes_passes_whose_panels_fit_a_quarter_of_l2() -> None:
+    """A weight gradient's X^T is kept in panels, a tile's rows (at most 192) per step of K: a pass of
+    kc steps should take at most a quarter of L2 (512 KiB of a 2 MiB L2: 640 steps), never below
+    KC_MIN; a product of fewer rows takes the default."""
     big_l2 = Machine("avx512", l2=2 * 1024 * 1024)
     grad = CoreSpec("gemm", 1024, 256, 512, repackable=True, a_transposed=True)
-    assert big_l2.kc_for(grad) == 128 and DefaultChooser(big_l2).choose(grad) == CoreChoice("repack", 128)
-    assert big_l2.kc_for(CoreSpec("gemm", 256, 1024, 512, repackable=True, a_transposed=True)) == 512
+    assert big_l2.kc_for(grad) == 640 and DefaultChooser(big_l2).choose(grad) == CoreChoice("repack", 640)
+    assert big_l2.kc_for(CoreSpec("gemm", 8, 1024, 512, repackable=True, a_transposed=True)) == big_l2.default_kc()
     assert big_l2.kc_for(CoreSpec("gemm", 1024, 256, 512, repackable=True)) == big_l2.default_kc() == 1024
-    assert MACHINE.kc_for(grad) == 128  # 128 KiB / 4 KiB = 32 rows: KC_MIN
-    assert candidates(grad, big_l2)[0] == CoreChoice("repack", 128)
+    assert MACHINE.kc_for(grad) == 128  # 128 KiB / 4 / 768 bytes a step: KC_MIN
+    assert candidates(grad, big_l2)[0] == CoreChoice("repack", 640)
     assert len({grad.key(), CoreSpec("gemm", 1024, 256, 512, repackable=True).key(),
                 CoreSpec("gemm", 1024, 256, 512, repackable=True, b_transposed=True).key()}) == 3
     assert grad.describe() == "gemm [512 x 1024]^T @ [512 x 256]"

@@ -56,6 +56,7 @@ WINOGRAD_MIN_CHANNELS = 32
 # times a core alone, is not offered it either); layer 3 (14 x 14) 0.84x
 WINOGRAD_MIN_POSITIONS = 128
 ISAS = tuple(MICRO_KERNELS)
+GEMM_TILE_ROWS = 128  # rows of a GEMM's tile (codegen/gemm.py), up to 1.5x that where it covers M
 KC_MIN, KC_MAX, KC_STEP = 128, 1024, 64  # the tuner's and the default's range for K per pass
 PANEL_COLUMNS = 32  # columns of a packed panel (PACK_NR, codegen/gemm.py); the wide kernel's are its own
 # "taps": packed weights, a convolution's taps read in place; "winograd": a 3x3 convolution's
@@ -122,12 +123,15 @@ class Machine:
 
     def kc_for(self, core: CoreSpec, wide: bool = False) -> int:
         """K per pass for ``core``: the default, less where A is read transposed (stored K x M, a
-        weight gradient's activations): a pass then reads kc whole rows of M floats, a page or more
-        apart, and those should take at most a quarter of L2 (1024 x 256 x 512 on a 2 MiB L2: kc 128
-        1.52 ms, 1,024 2.22 ms, Xeon with AVX-512, 2 threads)."""
+        weight gradient's activations): a tile's first slice reads the pass's kc rows of its M floats
+        in place, pages apart, and keeps them in panels the later slices read, which should take at
+        most a quarter of L2. Fewer passes read fewer first slices in place: [1024 x 512]^T @ [512 x
+        256] took 1.01-1.04x torch's (MKL's) time in one pass, 1.11-1.14x in four (Xeon with
+        AVX-512, 2 MiB L2, 2 threads)."""
         kc = self.default_kc(wide)
         if core.a_transposed:
-            fit = self.l2 // 4 // (4 * max(1, core.m)) // KC_STEP * KC_STEP
+            rows = min(max(1, core.m), GEMM_TILE_ROWS * 3 // 2)  # a tile's (codegen/gemm.py)
+            fit = self.l2 // 4 // (4 * rows) // KC_STEP * KC_STEP
             kc = max(KC_MIN, min(kc, fit))
         return kc
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from autofusion.codegen import index as ix
-from autofusion.codegen.cores import CoreSpec, k_pass
+from autofusion.codegen.cores import GEMM_TILE_ROWS, CoreSpec, k_pass
 from autofusion.codegen.ctype import literal
 from autofusion.codegen.index import Index
 from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
@@ -41,7 +41,7 @@ from autofusion.ops.registry import broadcast_shapes
 # Tiles of up to 128 x 512 keep sgemm efficient (measured here: 128x512 tiles with the epilogue beat one
 # big sgemm plus a separate epilogue pass on one thread); columns are split further, down to 256, until
 # there are enough tiles to share among threads.
-TILE_M = 128
+TILE_M = GEMM_TILE_ROWS
 TILE_N = 512
 MIN_TILE_N = 256
 MIN_TILES = 4
@@ -78,13 +78,6 @@ def packed_for(width: int, wide: bool = False) -> str:
     packed at build time, that the kernel reads the slice width the weight was packed for
     (templates/c/af_sgemm.c.j2)."""
     return f"AF_WIDE_PACKED_FOR({width});" if wide else f"AF_PACKED_FOR({width});"
-
-
-def apack_ld(rows: int) -> int:
-    """Floats between the rows of a transposed A's pass copied by af_sgemm_packed_at: ``rows``
-    rounded up to whole cache lines, an odd number of them, so that successive rows fall in every
-    set of L1 in turn rather than in one."""
-    return ((rows + 15) // 16 | 1) * 16
 
 
 def _packed_column_block(n: int, row_tiles: int, panel: int = PACK_NR) -> int:
@@ -509,11 +502,11 @@ class _Gemm:
             offset += part.n
         # which row and column block tile t is: a B packed per call changes with the column block, so
         # there the row blocks follow each other (columns first, a thread repacked on nearly every tile)
-        # a transposed A whose rows alias in L1 is read by our packed kernel through a copy per pass
-        # (af_sgemm_packed_at): rows 1, 2, 3, 4 KiB apart ran 1.02, 1.07, 1.08, 1.13x faster so, rows
-        # 1.5 KiB apart 1.02x (Xeon with AVX-512, alternating with the copy forced)
-        a_ld = (apack_ld(mb) if ta and (packed or seg.repack) and not seg.wide and is_static(lda)
-                and int(lda) * 4 % ALIASED_ROW_BYTES == 0 else 0)
+        # a transposed A whose rows alias in L1 is kept in panels by each pass's first slice
+        # (af_sgemm_packed_at): rows 1, 2, 3, 4 KiB apart ran 1.02, 1.07, 1.08, 1.13x faster with a
+        # copy per pass, rows 1.5 KiB apart 1.02x (Xeon with AVX-512, alternating with the copy forced)
+        keep_a = (ta and (packed or seg.repack) and not seg.wide and is_static(lda)
+                  and int(lda) * 4 % ALIASED_ROW_BYTES == 0)
         tm, tn = ix.paren(str(tiles_m)), ix.paren(str(tiles_n))
         row_tile, col_tile = ((f"t % {tm}", f"(t / {tm}) % {tn}") if seg.repack else (f"(t / {tn}) % {tm}", f"t % {tn}"))
         return {
@@ -527,7 +520,7 @@ class _Gemm:
             "batch_lines": batch_lines, "row_lines": row_lines, "parts": part_data,
             "repack": seg.repack, "b_rs": seg.b.strides[-2], "b_cs": seg.b.strides[-1],
             "pack_floats": kk * -(-nb // PACK_NR) * PACK_NR if seg.repack else 0,
-            "apack_ld": a_ld, "apack_floats": k_pass(hint(kk), kc) * a_ld if a_ld else 0,
+            "apack": keep_a, "apack_floats": (k_pass(hint(kk), kc) + 16) * mb if keep_a else 0,  # (af_sgemm_packed_at)
             "row_tile": row_tile, "col_tile": col_tile,
             "pack_key": ix.add(ix.mul("b", tiles_n), col_tile if not is_static(tiles_n) or tiles_n > 1 else "0"),
         }
