@@ -257,6 +257,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "", per_s
     """``gm`` with its maximal runs of convertible nodes compiled as SuperKernels, or its own
     ``forward`` when none can be; a graph traced with symbolic sizes is compiled per call's sizes
     (:class:`PerSizeGraph`, which passes ``per_size``: see :func:`_compile_partition`)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -289,7 +290,9 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], label: str = "", per_s
             continue
         sub_gm = module_attribute(fused, node.target)
         try:
-            runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target), per_size=per_size)
+            # aot_autograd compiles under its fake-tensor mode: the frozen values are real tensors
+            with unset_fake_temporarily():
+                runner = _compile_partition(sub_gm, node.args, fused, name=str(node.target), per_size=per_size)
         except _CONVERSION_ERRORS as exc:
             warnings.warn(f"autofusion: partition {node.target} runs eagerly ({type(exc).__name__}: {exc})",
                           AutofusionFallbackWarning, stacklevel=2)

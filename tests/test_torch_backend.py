@@ -308,6 +308,33 @@ def test_graph_needing_gradients_compiles_forward_and_backward():
         torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL)
 
 
+def test_a_tensor_made_in_forward_is_frozen_in_a_graph_needing_gradients():
+    """A constant tensor the forward makes (transformers' GPT-2 and BERT have some) is a real tensor
+    attribute of the graph, which aot_autograd hands to the compiler under its fake-tensor mode:
+    the compile failed as a whole (``aten.detach`` of a real tensor under fake mode)."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return (self.lin(x) * torch.tensor([1.0, 2.0, 3.0])).sum()
+
+    torch.manual_seed(4)
+    model, x = Scaled(), torch.randn(4, 3)
+    twin = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionFallbackWarning)
+        loss = torch.compile(model, backend="autofusion")(x)
+    expected = twin(x)
+    torch.testing.assert_close(loss, expected, rtol=RTOL, atol=ATOL)
+    loss.backward()
+    expected.backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL)
+
+
 def test_outputs_kept_from_earlier_calls_are_never_overwritten():
     """A call's outputs take memory that earlier calls' outputs gave back (runtime/output_pool.py):
     outputs still held, whole or through a view, keep theirs."""
