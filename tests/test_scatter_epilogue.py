@@ -23,14 +23,16 @@ from autofusion.runtime import CompiledModel, compare_outputs
 CACHE = os.environ.get("AUTOFUSION_CACHE") or os.path.join(tempfile.gettempdir(), "autofusion-test-cache")
 
 
-def heads_graph(batch: int, tokens: int, heads: int, dims: int) -> Graph:
+def heads_graph(batch: int, tokens: int, heads: int, dims: int, gemm: bool = False) -> Graph:
     """x @ w + b split into Q, K, V heads as PyTorch's attention writes it: Q and V [batch, heads,
-    tokens, dims], K transposed to [batch, heads, dims, tokens] (q @ k.transpose(-1, -2))."""
+    tokens, dims], K transposed to [batch, heads, dims, tokens] (q @ k.transpose(-1, -2)); with
+    ``gemm``, the product and its bias one Gemm (GPT-2's export)."""
     b = GraphBuilder("qkv_heads")
     width = heads * dims
     x = b.input("x", (batch * tokens, width))
     w, bias = b.input("w", (width, 3 * width)), b.input("b", (3 * width,))  # parameters: run-time inputs
-    y = b.op("Reshape", b.op("Add", b.op("MatMul", x, w), bias), b.const(np.array([batch, tokens, 3 * width])))
+    product = b.op("Gemm", x, w, bias) if gemm else b.op("Add", b.op("MatMul", x, w), bias)
+    y = b.op("Reshape", product, b.const(np.array([batch, tokens, 3 * width])))
     parts = b.op_multi("Split", [y, b.const(np.array([width] * 3))], 3, axis=-1)
     outs = []
     for i, part in enumerate(parts):
@@ -122,6 +124,20 @@ def test_a_move_the_tiles_cannot_store_is_computed_after_them() -> None:
     assert report.ok, report.summary()
     code = "\n".join(k.code for k in model.source.kernels)
     assert "scratch +" in code  # the stepped slice: from the product kept in scratch
+
+
+def test_a_gemm_s_bias_is_added_once_when_heads_scatter_beside_a_late_one() -> None:
+    """A Gemm's C is added to the product in place where the full product is kept (K^T is written
+    after the tiles from it): Q's and V's stores read the tile before that, or they added it twice."""
+    g = heads_graph(batch=2, tokens=24, heads=2, dims=16, gemm=True)
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "gemm_epilogue"),
+                ZERO_COST, ZERO_COST)
+    model = CompiledModel(plan, cache=CACHE)
+    feeds = feeds_of(g, seed=2)
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    code = "\n".join(k.code for k in model.source.kernels)
+    assert "/* columns 0..32 of the product */" in code and "scratch +" in code  # scattered and late, both
 
 
 def test_triton_stores_the_heads_from_its_tiles() -> None:

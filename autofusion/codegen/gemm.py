@@ -563,22 +563,23 @@ class _Gemm:
 
     def _part(self, seg: _Segment, ldc: int, n_dim: int | None, offset: int, clamp: bool,
               direct: bool) -> list[dict[str, object]]:
-        """The epilogue of ``seg`` on columns [offset, offset + N) of the tile, then each output it
-        scatters on the columns that land in it (``clamp``: the tile's columns are cut to them)."""
+        """Each output ``seg`` scatters, on the columns that land in it, then its epilogue on columns
+        [offset, offset + N) of the tile (``clamp``: the tile's columns are cut to them)."""
         y_shape = self.g.types[seg.y].shape
         inl = Inliner(self.k, self.members - {seg.node.name}, self.handlers, overrides=dict(self.loads))
         inl.overrides[seg.y] = self._tile_override(seg, ldc, inl)
-        body = Block()
+        main = Block()
         idx = self.y_index(seg)
         for t, dest in seg.targets:
             if direct and t == seg.y and not seg.c_input and dest == seg.ybuf:
                 continue  # the sgemm already wrote it
-            v = inl.value(t, idx, body)
-            body.emit(f"{dest}[{ix.linear(idx, y_shape)}] = {v};")
+            v = inl.value(t, idx, main)
+            main.emit(f"{dest}[{ix.linear(idx, y_shape)}] = {v};")
         col = ix.sub("n0 + ni", offset) if offset else "n0 + ni"
         col_lines = [f"const int64_t i{n_dim} = {col};"] if n_dim is not None and y_shape[n_dim] != 1 else []
-        parts: list[dict[str, object]] = [
-            {"lo": offset, "hi": offset + seg.n, "clamp": clamp, "col_lines": col_lines, "body": body.lines}]
+        # the scattered outputs go first: the epilogue may write Y into the tile's own memory (a
+        # Gemm's C added in place where the full product is kept), which they would read again
+        parts: list[dict[str, object]] = []
         for t, dest, source in seg.scatters:
             land = landing(self.g, self.members, source, t, idx, self.k.registry)
             assert land is not None  # (render checked it)
@@ -601,6 +602,7 @@ class _Gemm:
             else:
                 body.emit(store)
             parts.append({"lo": lo, "hi": hi, "clamp": True, "col_lines": col_lines, "body": body.lines})
+        parts.append({"lo": offset, "hi": offset + seg.n, "clamp": clamp, "col_lines": col_lines, "body": main.lines})
         return parts
 
     @staticmethod
