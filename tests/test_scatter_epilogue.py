@@ -46,6 +46,17 @@ def feeds_of(g: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return {t: rng.standard_normal(g.types[t].shape).astype(np.float32) for t in g.inputs}
 
 
+def one_kernel_code(g: Graph, seed: int) -> str:
+    """The C of ``g`` compiled as one gemm_epilogue kernel, its outputs checked against the reference."""
+    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "gemm_epilogue"),
+                ZERO_COST, ZERO_COST)
+    model = CompiledModel(plan, cache=CACHE)
+    feeds = feeds_of(g, seed)
+    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
+    assert report.ok, report.summary()
+    return "\n".join(k.code for k in model.source.kernels)
+
+
 def test_landing_puts_every_element_where_the_ops_do() -> None:
     """Every element of the product lands in exactly one head, at the place the reference's split,
     reshapes and transposes put it (the index expressions evaluated in Python)."""
@@ -115,28 +126,14 @@ def test_a_move_the_tiles_cannot_store_is_computed_after_them() -> None:
     stepped = b.op("Slice", y, b.const(np.array([1])), b.const(np.array([30])), b.const(np.array([1])),
                    b.const(np.array([2])))
     moved = b.op("Transpose", b.op("Reshape", y, b.const(np.array([40, 3, 10]))), perm=(1, 2, 0))
-    g = b.build([stepped, moved])
-    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "gemm_epilogue"),
-                ZERO_COST, ZERO_COST)
-    model = CompiledModel(plan, cache=CACHE)
-    feeds = feeds_of(g, seed=1)
-    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
-    assert report.ok, report.summary()
-    code = "\n".join(k.code for k in model.source.kernels)
+    code = one_kernel_code(b.build([stepped, moved]), seed=1)
     assert "scratch +" in code  # the stepped slice: from the product kept in scratch
 
 
 def test_a_gemm_s_bias_is_added_once_when_heads_scatter_beside_a_late_one() -> None:
     """A Gemm's C is added to the product in place where the full product is kept (K^T is written
     after the tiles from it): Q's and V's stores read the tile before that, or they added it twice."""
-    g = heads_graph(batch=2, tokens=24, heads=2, dims=16, gemm=True)
-    plan = Plan(g, build_groups(g, [[n.name for n in g.nodes]], template_of=lambda ns: "gemm_epilogue"),
-                ZERO_COST, ZERO_COST)
-    model = CompiledModel(plan, cache=CACHE)
-    feeds = feeds_of(g, seed=2)
-    report = compare_outputs(run_graph(g, feeds), model.run(feeds))
-    assert report.ok, report.summary()
-    code = "\n".join(k.code for k in model.source.kernels)
+    code = one_kernel_code(heads_graph(batch=2, tokens=24, heads=2, dims=16, gemm=True), seed=2)
     assert "/* columns 0..32 of the product */" in code and "scratch +" in code  # scattered and late, both
 
 
