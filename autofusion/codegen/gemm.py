@@ -30,7 +30,7 @@ from autofusion.codegen.inliner import Block, Inliner, Misaligned, Override
 from autofusion.codegen.kernel_context import KernelContext
 from autofusion.codegen.loopnest import LoopNest, op_handlers
 from autofusion.codegen.names import c_comment_text
-from autofusion.codegen.scatter import landing, source_of
+from autofusion.codegen.scatter import Landing, landing, source_of
 from autofusion.codegen.sizes import TYPICAL_CALLS, TYPICAL_ROWS, all_of, at_least, ceil_div, hint, typical
 from autofusion.codegen.views import StridedView, blas_layout, contiguous_view, strided_view
 from autofusion.graph.dims import is_static
@@ -116,8 +116,8 @@ class _Segment:
     flat: bool = False  # batch folded into M (B has no batch axes, A's rows are evenly strided)
     row_stride_a: int = 0
     targets: list[tuple[str, str]] = field(default_factory=list)
-    # (output, its pointer, the tile-aligned tensor it moves): stored where the moves put each element
-    scatters: list[tuple[str, str, str]] = field(default_factory=list)
+    # (output, its pointer, the tile-aligned tensor it moves, where each tile element lands in it)
+    scatters: list[tuple[str, str, str, Landing]] = field(default_factory=list)
     ybuf: str = ""  # full buffer holding Y (an output, or scratch when late outputs need it)
     weight: np.ndarray | None = None  # B as a constant [K, N] weight: packed into column panels at build time
     weight_label: str = ""
@@ -305,7 +305,7 @@ class _Gemm:
             elif len(owners) == 1 and self._aligned(owners[0], t):
                 owners[0].targets.append((t, dest))
             elif len(owners) == 1 and (moved := self._scattered(owners[0], t)):
-                owners[0].scatters.append((t, dest, moved))
+                owners[0].scatters.append((t, dest, *moved))
             else:
                 late.append((t, dest))
         late_needs = {s.node.name for s in segments for t, _ in late if self._depends_on(t, s.node.name, {})}
@@ -405,20 +405,20 @@ class _Gemm:
         self.k.per_thread((tile_floats + pack_floats + apack_floats) * 4)
         return {"tile_floats": tile_floats, "pack_floats": pack_floats, "apack_floats": apack_floats}
 
-    def _scattered(self, seg: _Segment, tensor: str) -> str:
+    def _scattered(self, seg: _Segment, tensor: str) -> tuple[str, Landing] | None:
         """The tile-aligned tensor that ``tensor`` only moves (views, transposes, splits of it), whose
-        elements each tile stores where they land in ``tensor``; "" when there is none, or when a
-        tile's row would land across ``tensor``'s rows: stores a row apart each (K's gradient
-        transposed, [32 x 64 x 64] per layer: 0.26 ms where the product and a transpose took 0.15) cost
-        more than the pass after the tiles, which writes in order."""
+        elements each tile stores where they land in ``tensor``, and where they land; None when there
+        is none, or when a tile's row would land across ``tensor``'s rows: stores a row apart each
+        (K's gradient transposed, [32 x 64 x 64] per layer: 0.26 ms where the product and a transpose
+        took 0.15) cost more than the pass after the tiles, which writes in order."""
         source = source_of(self.g, self.members, tensor, self.k.registry)
         if source == tensor or not self._aligned(seg, source):
-            return ""
+            return None
         idx = self.y_index(seg)
         land = landing(self.g, self.members, source, tensor, idx, self.k.registry)
         if land is None or (idx and idx[-1] != "0" and not re.search(rf"\b{idx[-1]}\b", land.index[-1])):
-            return ""
-        return source
+            return None
+        return source, land
 
     def _aligned(self, seg: _Segment, tensor: str) -> bool:
         if self.g.types[tensor].shape != self.g.types[seg.y].shape:
@@ -580,9 +580,7 @@ class _Gemm:
         # the scattered outputs go first: the epilogue may write Y into the tile's own memory (a
         # Gemm's C added in place where the full product is kept), which they would read again
         parts: list[dict[str, object]] = []
-        for t, dest, source in seg.scatters:
-            land = landing(self.g, self.members, source, t, idx, self.k.registry)
-            assert land is not None  # (render checked it)
+        for t, dest, source, land in seg.scatters:  # (landing at y_index(seg): idx)
             # a cut of the columns (a Split of the product's last axis) narrows the loop; others are tests
             lo, hi = offset, offset + seg.n
             tests: list[str] = []
